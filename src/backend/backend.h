@@ -1,0 +1,99 @@
+// The backend interface: memory, per-sequence state, and the coarse ops the forward pass is written against
+// (src/model/forward.cpp holds the only layer logic). Each op has the same meaning on every backend; the CPU
+// backend is the fp32 reference and the CUDA backend is tested op by op against it.
+//
+// Weights are passed as the host-side views of model_weights. A backend that keeps its own copy (CUDA) builds
+// it in bind() and finds it again by the view's address.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/weights.h"
+#include "state/seq_state.h"
+
+namespace tansy {
+
+// The rows of a batch that belong to one sequence.
+struct seq_span {
+    seq_state* state = nullptr;
+    int64_t row0 = 0, n = 0;  // batch rows [row0, row0 + n)
+    int64_t pos0 = 0;         // absolute position of row0 (= state->n_past() before the step)
+};
+
+// How the GDN recurrence is evaluated for spans of more than one token.
+enum class gdn_mode : uint8_t {
+    auto_select,  // chunked for prefill spans, recurrent for single tokens
+    recurrent,    // token by token (MODEL.md §4.6)
+    chunked,      // chunk-parallel form, chunk 64 (MODEL.md §4.7)
+};
+
+// Owning handle to backend memory holding a tensor.
+class buffer {
+  public:
+    buffer() = default;
+    buffer(tensor t, std::shared_ptr<void> mem) : t_(t), mem_(std::move(mem)) {}
+    const tensor& t() const { return t_; }
+    explicit operator bool() const { return t_.data != nullptr; }
+
+  private:
+    tensor t_;
+    std::shared_ptr<void> mem_;
+};
+
+class backend {
+  public:
+    virtual ~backend() = default;
+    virtual const char* name() const = 0;
+    virtual dtype act_type() const = 0;  // activation dtype: f32 (cpu), bf16 (cuda)
+
+    // Prepares the weights of `m` (which must outlive the backend's use of it).
+    virtual void bind(const model& m) = 0;
+
+    // ---- memory
+    virtual buffer alloc(int64_t rows, int64_t cols, dtype t) = 0;
+    virtual void upload(const tensor& dst, const void* src) = 0;    // host -> backend, dst.bytes()
+    virtual void download(void* dst, const tensor& src) = 0;        // backend -> host, src.bytes()
+    virtual void synchronize() {}
+
+    // A fresh, empty sequence state able to hold `capacity` tokens of KV cache.
+    virtual std::unique_ptr<seq_state> new_state(int64_t capacity) = 0;
+
+    // ---- ops (all activations are [T, features], T = batch rows)
+    // out[t] = table[ids[t]] (ids int32 [T, 1])
+    virtual void embed(const tensor& out, const tensor& ids, const matrix& table) = 0;
+    // out = in / rms(in) * w   (w is the applied multiplier)
+    virtual void rms_norm(const tensor& out, const tensor& in, vec_view w, float eps) = 0;
+    // x += d
+    virtual void add(const tensor& x, const tensor& d) = 0;
+    // out[T, W.rows] = in[T, W.cols] W^T
+    virtual void matmul(const tensor& out, const tensor& in, const matrix& W) = 0;
+    // out[i] = in[rows[i]] (rows host-side)
+    virtual void gather_rows(const tensor& out, const tensor& in, const std::vector<int64_t>& rows) = 0;
+
+    // Gated full attention core (MODEL.md §3) from the projections to the input of o_proj:
+    // qg [T, Hq*2*dh] (per head: query | gate), k/v [T, Hkv*dh]. Applies q/k norms and partial RoPE at each
+    // row's position, appends k and v to the KV cache `slot` of each span's state, attends causally over the
+    // cache, multiplies by sigmoid(gate). out [T, Hq*dh]. k is modified in place (normed, rotated).
+    virtual void attention(const tensor& out, const tensor& qg, const tensor& k, const tensor& v,
+                           const attn_weights& w, int slot, const std::vector<seq_span>& spans) = 0;
+
+    // Gated DeltaNet core (MODEL.md §4) from the projections to the input of out_proj: qkv [T, C] raw
+    // in_proj_qkv output, z [T, Hv*dv], b/a [T, Hv]. Runs the causal conv (state `slot`), SiLU, L2 norms,
+    // gates, the delta rule (updating S) and the gated RMSNorm. out [T, Hv*dv]. qkv is overwritten.
+    virtual void gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
+                     const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode mode) = 0;
+
+    // Sparse MoE block (MODEL.md §5): out = sum_topk w_i expert_i(x) + sigmoid(g.x) shared(x).
+    virtual void moe(const tensor& out, const tensor& x, const moe_weights& w) = 0;
+};
+
+std::unique_ptr<backend> make_cpu_backend(const model_config& cfg);
+// nullptr with a reason in *why when the CUDA backend is not compiled in or no GPU is usable.
+std::unique_ptr<backend> make_cuda_backend(const model_config& cfg, std::string* why);
+// "cpu" or "cuda"; throws tansy::error naming the reason when unavailable.
+std::unique_ptr<backend> make_backend(const std::string& name, const model_config& cfg);
+
+}  // namespace tansy

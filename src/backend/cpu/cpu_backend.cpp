@@ -1,0 +1,303 @@
+// The CPU backend: fp32 activations, the reference every other backend is checked against.
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "core/check.h"
+
+namespace tansy {
+
+namespace {
+
+struct cpu_state final : seq_state {
+    // per full-attention layer: K (after norm + RoPE) and V (raw), [n_past, Hkv*dh], grown on demand
+    std::vector<std::vector<float>> k, v;
+    // per DeltaNet layer: conv tail [(K-1), C] and recurrent state S [Hv, dk, dv]
+    std::vector<std::vector<float>> conv, S;
+
+    std::unique_ptr<seq_state> clone() const override { return std::make_unique<cpu_state>(*this); }
+    size_t bytes() const override {
+        size_t n = 0;
+        for (auto* group : {&k, &v, &conv, &S})
+            for (const auto& x : *group) n += x.capacity() * sizeof(float);
+        return n;
+    }
+    void reset() override {
+        n_past_ = 0;
+        for (auto* group : {&conv, &S})
+            for (auto& x : *group) std::fill(x.begin(), x.end(), 0.0f);
+        for (auto* group : {&k, &v})
+            for (auto& x : *group) x.clear();
+    }
+    void set_capacity(int64_t c) { capacity_ = c; }
+};
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float silu(float x) { return x * sigmoid(x); }
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold
+
+float* f32(const tensor& t) {
+    TANSY_CHECK(t.type == dtype::f32, "cpu backend expects f32 activations, got %s", dtype_name(t.type));
+    return (float*)t.data;
+}
+
+class cpu_backend final : public backend {
+  public:
+    explicit cpu_backend(const model_config& cfg) : cfg_(cfg) {}
+    const char* name() const override { return "cpu"; }
+    dtype act_type() const override { return dtype::f32; }
+    void bind(const model&) override {}
+
+    buffer alloc(int64_t rows, int64_t cols, dtype t) override {
+        size_t bytes = (size_t)rows * (size_t)cols * dtype_size(t);
+        size_t padded = (bytes + 63) / 64 * 64;
+        void* p = std::aligned_alloc(64, padded ? padded : 64);
+        TANSY_CHECK(p, "out of host memory allocating %zu bytes", bytes);
+        memset(p, 0, padded ? padded : 64);
+        return buffer(tensor{p, t, rows, cols}, std::shared_ptr<void>(p, std::free));
+    }
+    void upload(const tensor& dst, const void* src) override { memcpy(dst.data, src, dst.bytes()); }
+    void download(void* dst, const tensor& src) override { memcpy(dst, src.data, src.bytes()); }
+
+    std::unique_ptr<seq_state> new_state(int64_t capacity) override {
+        auto s = std::make_unique<cpu_state>();
+        s->set_capacity(capacity);
+        const model_config& c = cfg_;
+        for (layer_kind kind : c.layers) {
+            if (kind == layer_kind::full_attention) {
+                s->k.emplace_back();
+                s->v.emplace_back();
+            } else {
+                s->conv.emplace_back((size_t)((c.conv_kernel - 1) * c.lin_conv_dim()), 0.0f);
+                s->S.emplace_back((size_t)(c.lin_v_heads * c.lin_k_dim * c.lin_v_dim), 0.0f);
+            }
+        }
+        return s;
+    }
+
+    void embed(const tensor& out, const tensor& ids, const matrix& table) override {
+        const int32_t* id = (const int32_t*)ids.data;
+        float* o = f32(out);
+        for (int64_t t = 0; t < out.rows; t++) {
+            if (id[t] < 0 || id[t] >= table.rows)
+                fail("token id %d is outside the vocabulary [0, %lld)", id[t], (long long)table.rows);
+            table.row_f32(id[t], o + t * out.cols);
+        }
+    }
+
+    void rms_norm(const tensor& out, const tensor& in, vec_view w, float eps) override {
+        TANSY_CHECK(w.n == in.cols && out.cols == in.cols && out.rows == in.rows, "rms_norm shapes");
+        cpu::rms_norm(f32(out), f32(in), in.rows, in.cols, w.data, eps);
+    }
+
+    void add(const tensor& x, const tensor& d) override {
+        TANSY_CHECK(x.numel() == d.numel(), "add shapes");
+        float* a = f32(x);
+        const float* b = f32(d);
+        for (int64_t i = 0; i < x.numel(); i++) a[i] += b[i];
+    }
+
+    void matmul(const tensor& out, const tensor& in, const matrix& W) override {
+        TANSY_CHECK(in.cols == W.cols && out.cols == W.rows && out.rows == in.rows,
+                    "matmul %s: in [%lld, %lld] out [%lld, %lld] W [%lld, %lld]", W.name.c_str(), (long long)in.rows,
+                    (long long)in.cols, (long long)out.rows, (long long)out.cols, (long long)W.rows,
+                    (long long)W.cols);
+        cpu::matmul(f32(out), f32(in), in.rows, W);
+    }
+
+    void gather_rows(const tensor& out, const tensor& in, const std::vector<int64_t>& rows) override {
+        TANSY_CHECK(out.rows == (int64_t)rows.size() && out.cols == in.cols, "gather_rows shapes");
+        for (size_t i = 0; i < rows.size(); i++)
+            memcpy(f32(out) + i * out.cols, f32(in) + rows[i] * in.cols, sizeof(float) * in.cols);
+    }
+
+    void attention(const tensor& out, const tensor& qg, const tensor& k, const tensor& v, const attn_weights& w,
+                   int slot, const std::vector<seq_span>& spans) override;
+    void gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
+             const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode mode) override;
+    void moe(const tensor& out, const tensor& x, const moe_weights& w) override;
+
+  private:
+    model_config cfg_;
+};
+
+// MODEL.md §3. Per span: norm + rotate the new keys, append to the cache, then every (row, head) attends
+// over cache positions [0, pos] in parallel.
+void cpu_backend::attention(const tensor& out, const tensor& qg, const tensor& k, const tensor& v,
+                            const attn_weights& w, int slot, const std::vector<seq_span>& spans) {
+    const model_config& c = cfg_;
+    const int64_t Hq = c.n_q_heads, Hkv = c.n_kv_heads, dh = c.head_dim, kvd = Hkv * dh, group = Hq / Hkv;
+    const float scale = 1.0f / std::sqrt((float)dh);
+    float* kp = f32(k);
+    const float* vp = f32(v);
+    for (const seq_span& s : spans) {
+        auto* st = static_cast<cpu_state*>(s.state);
+        std::vector<float>&K = st->k[(size_t)slot], &V = st->v[(size_t)slot];
+        const size_t need = (size_t)((s.pos0 + s.n) * kvd);
+        K.resize(need);
+        V.resize(need);
+        for (int64_t r = 0; r < s.n; r++) {
+            float* kr = kp + (s.row0 + r) * kvd;
+            for (int64_t h = 0; h < Hkv; h++) {
+                cpu::rms_norm(kr + h * dh, kr + h * dh, 1, dh, w.k_norm.data(), c.eps);
+                cpu::rope_neox(kr + h * dh, c.rope_dim, s.pos0 + r, c.rope_theta);
+            }
+            memcpy(&K[(size_t)((s.pos0 + r) * kvd)], kr, sizeof(float) * kvd);
+            memcpy(&V[(size_t)((s.pos0 + r) * kvd)], vp + (s.row0 + r) * kvd, sizeof(float) * kvd);
+        }
+    }
+    const float* qgp = f32(qg);
+    float* op = f32(out);
+    for (const seq_span& s : spans) {
+        auto* st = static_cast<cpu_state*>(s.state);
+        const float* K = st->k[(size_t)slot].data();
+        const float* V = st->v[(size_t)slot].data();
+#pragma omp parallel
+        {
+            std::vector<float> q((size_t)dh), sc((size_t)(s.pos0 + s.n)), o((size_t)dh);
+#pragma omp for schedule(dynamic) collapse(2)
+            for (int64_t r = 0; r < s.n; r++) {
+                for (int64_t h = 0; h < Hq; h++) {
+                    const int64_t row = s.row0 + r, pos = s.pos0 + r, kvh = h / group;
+                    const float* qh = qgp + row * 2 * Hq * dh + h * 2 * dh;  // [query dh | gate dh]
+                    const float* gate = qh + dh;
+                    cpu::rms_norm(q.data(), qh, 1, dh, w.q_norm.data(), c.eps);
+                    cpu::rope_neox(q.data(), c.rope_dim, pos, c.rope_theta);
+                    float mx = -INFINITY;
+                    for (int64_t j = 0; j <= pos; j++) {
+                        sc[j] = cpu::dot(q.data(), K + j * kvd + kvh * dh, dh) * scale;
+                        mx = std::max(mx, sc[j]);
+                    }
+                    float sum = 0;
+                    for (int64_t j = 0; j <= pos; j++) sum += sc[j] = std::exp(sc[j] - mx);
+                    std::fill(o.begin(), o.end(), 0.0f);
+                    for (int64_t j = 0; j <= pos; j++) {
+                        const float p = sc[j] / sum;
+                        const float* vj = V + j * kvd + kvh * dh;
+                        for (int64_t i = 0; i < dh; i++) o[i] += p * vj[i];
+                    }
+                    float* orow = op + row * Hq * dh + h * dh;
+                    for (int64_t i = 0; i < dh; i++) orow[i] = o[i] * sigmoid(gate[i]);
+                }
+            }
+        }
+    }
+}
+
+// MODEL.md §4.
+void cpu_backend::gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
+                      const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode mode) {
+    const model_config& c = cfg_;
+    const int64_t T = qkv.rows, C = c.lin_conv_dim(), K = c.conv_kernel, Hk = c.lin_k_heads, Hv = c.lin_v_heads,
+                  dk = c.lin_k_dim, dv = c.lin_v_dim, kd = Hk * dk;
+    std::vector<float> y((size_t)(T * C));
+    for (const seq_span& s : spans) {
+        auto* st = static_cast<cpu_state*>(s.state);
+        cpu::conv1d_silu(y.data() + s.row0 * C, f32(qkv) + s.row0 * C, st->conv[(size_t)slot].data(), w.conv.data(),
+                         s.n, C, K);
+    }
+    // Split [q | k | v], L2-normalise q and k per key head (q also scaled by 1/sqrt(dk)), §4.3-4.4.
+    std::vector<float> q((size_t)(T * kd)), kk((size_t)(T * kd)), vv((size_t)(T * Hv * dv));
+    const float qscale = 1.0f / std::sqrt((float)dk);
+    for (int64_t t = 0; t < T; t++) {
+        const float* yr = y.data() + t * C;
+        for (int64_t h = 0; h < Hk; h++) {
+            const float* qs = yr + h * dk;
+            const float* ks = yr + kd + h * dk;
+            const float qn = 1.0f / std::sqrt(cpu::dot(qs, qs, dk) + 1e-6f) * qscale;
+            const float kn = 1.0f / std::sqrt(cpu::dot(ks, ks, dk) + 1e-6f);
+            for (int64_t i = 0; i < dk; i++) {
+                q[(size_t)(t * kd + h * dk + i)] = qs[i] * qn;
+                kk[(size_t)(t * kd + h * dk + i)] = ks[i] * kn;
+            }
+        }
+        memcpy(&vv[(size_t)(t * Hv * dv)], yr + 2 * kd, sizeof(float) * Hv * dv);
+    }
+    // Gates: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias).
+    std::vector<float> beta((size_t)(T * Hv)), g((size_t)(T * Hv));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < Hv; h++) {
+            beta[(size_t)(t * Hv + h)] = sigmoid(f32(b)[t * Hv + h]);
+            g[(size_t)(t * Hv + h)] = -std::exp(w.A_log[(size_t)h]) * softplus(f32(a)[t * Hv + h] + w.dt_bias[(size_t)h]);
+        }
+    std::vector<float> o((size_t)(T * Hv * dv));
+    for (const seq_span& s : spans) {
+        auto* st = static_cast<cpu_state*>(s.state);
+        cpu::delta_args da{q.data() + s.row0 * kd,       kk.data() + s.row0 * kd, vv.data() + s.row0 * Hv * dv,
+                           beta.data() + s.row0 * Hv,    g.data() + s.row0 * Hv,  st->S[(size_t)slot].data(),
+                           o.data() + s.row0 * Hv * dv, s.n,                     Hk,
+                           Hv,                           dk,                      dv};
+        const bool recurrent = mode == gdn_mode::recurrent || (mode == gdn_mode::auto_select && s.n == 1);
+        if (recurrent)
+            cpu::delta_rule_recurrent(da);
+        else
+            cpu::delta_rule_chunked(da);
+    }
+    cpu::gated_rms_norm(f32(out), o.data(), f32(z), w.norm.data(), T, Hv, dv, c.eps);
+}
+
+// MODEL.md §5: route, run each expert on the tokens that chose it, combine with the shared expert.
+void cpu_backend::moe(const tensor& out, const tensor& x, const moe_weights& w) {
+    const model_config& c = cfg_;
+    const int64_t T = x.rows, D = c.hidden, E = c.n_experts, k = c.top_k, F = c.expert_inter, Fs = c.shared_inter;
+    const float* xp = f32(x);
+    std::vector<float> logits((size_t)(T * E));
+    cpu::matmul(logits.data(), xp, T, w.router);
+    std::vector<int32_t> idx((size_t)(T * k));
+    std::vector<float> wt((size_t)(T * k));
+    cpu::moe_route(idx.data(), wt.data(), logits.data(), T, E, k);
+
+    std::vector<std::vector<int64_t>> assigned((size_t)E);  // expert -> slots t*k + j
+    for (int64_t s = 0; s < T * k; s++) assigned[(size_t)idx[(size_t)s]].push_back(s);
+    std::vector<float> ys((size_t)(T * k * D));  // each (token, choice) expert output
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t e = 0; e < E; e++) {
+        const auto& slots = assigned[(size_t)e];
+        const int64_t n = (int64_t)slots.size();
+        if (n == 0) continue;
+        std::vector<float> xe((size_t)(n * D)), gte((size_t)(n * F)), up((size_t)(n * F)), ye((size_t)(n * D));
+        for (int64_t i = 0; i < n; i++) memcpy(&xe[(size_t)(i * D)], xp + (slots[i] / k) * D, sizeof(float) * D);
+        cpu::matmul(gte.data(), xe.data(), n, w.gate[(size_t)e]);
+        cpu::matmul(up.data(), xe.data(), n, w.up[(size_t)e]);
+        for (int64_t i = 0; i < n * F; i++) gte[(size_t)i] = silu(gte[(size_t)i]) * up[(size_t)i];
+        cpu::matmul(ye.data(), gte.data(), n, w.down[(size_t)e]);
+        for (int64_t i = 0; i < n; i++) memcpy(&ys[(size_t)(slots[i] * D)], &ye[(size_t)(i * D)], sizeof(float) * D);
+    }
+    std::vector<float> sg((size_t)(T * Fs)), su((size_t)(T * Fs)), sy((size_t)(T * D)), sgate((size_t)T);
+    cpu::matmul(sg.data(), xp, T, w.shared_gate);
+    cpu::matmul(su.data(), xp, T, w.shared_up);
+    for (int64_t i = 0; i < T * Fs; i++) sg[(size_t)i] = silu(sg[(size_t)i]) * su[(size_t)i];
+    cpu::matmul(sy.data(), sg.data(), T, w.shared_down);
+    cpu::matmul(sgate.data(), xp, T, w.shared_expert_gate);
+    float* op = f32(out);
+    for (int64_t t = 0; t < T; t++) {
+        const float sig = sigmoid(sgate[(size_t)t]);
+        for (int64_t d = 0; d < D; d++) {
+            float acc = sig * sy[(size_t)(t * D + d)];
+            for (int64_t j = 0; j < k; j++) acc += wt[(size_t)(t * k + j)] * ys[(size_t)((t * k + j) * D + d)];
+            op[t * D + d] = acc;
+        }
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<backend> make_cpu_backend(const model_config& cfg) { return std::make_unique<cpu_backend>(cfg); }
+
+std::unique_ptr<backend> make_backend(const std::string& name, const model_config& cfg) {
+    if (name == "cpu") return make_cpu_backend(cfg);
+    if (name == "cuda") {
+        std::string why;
+        auto be = make_cuda_backend(cfg, &why);
+        if (!be) fail("the cuda backend is unavailable: %s", why.c_str());
+        return be;
+    }
+    fail("unknown backend '%s' (use cpu or cuda)", name.c_str());
+}
+
+}  // namespace tansy

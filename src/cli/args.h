@@ -1,0 +1,43 @@
+// A small command-line option parser: --name VALUE, --name=VALUE, boolean --flag, short aliases such as -n.
+// Unknown options, missing values and malformed numbers are tansy::error with a one-line message.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tansy {
+
+class arg_parser {
+  public:
+    arg_parser(std::string command, std::string synopsis, std::string description);
+
+    // metavar empty: a boolean flag. alias: optional short spelling ("-n").
+    arg_parser& option(const std::string& name, const std::string& metavar, const std::string& help,
+                       const std::string& alias = "", bool repeatable = false);
+
+    // Returns false when --help was given (help already printed to stdout).
+    bool parse(int argc, char** argv);
+
+    bool has(const std::string& name) const;
+    std::string str(const std::string& name, const std::string& dflt = "") const;
+    std::vector<std::string> all(const std::string& name) const;
+    int64_t integer(const std::string& name, int64_t dflt) const;
+    double number(const std::string& name, double dflt) const;
+    std::string help() const;
+
+  private:
+    struct spec {
+        std::string name, metavar, help, alias;
+        bool repeatable;
+    };
+    const spec* lookup(const std::string& s) const;
+    std::string command_, synopsis_, description_;
+    std::vector<spec> specs_;
+    std::map<std::string, std::vector<std::string>> values_;
+};
+
+// Token ids from a file: integers separated by whitespace and/or commas (a JSON array also works).
+std::vector<int32_t> read_ids_file(const std::string& path);
+
+}  // namespace tansy

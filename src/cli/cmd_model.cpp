@@ -1,0 +1,133 @@
+// tansy logits | generate | info
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/check.h"
+#include "core/log.h"
+#include "loader/checkpoint.h"
+#include "loader/load_model.h"
+#include "loader/safetensors.h"
+#include "sampling/sampler.h"
+
+namespace tansy {
+
+using clock_type = std::chrono::steady_clock;
+static double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+void add_engine_options(arg_parser& p) {
+    p.option("--model", "DIR", "checkpoint directory (HF bf16 or MLX 4-bit); default: the bundled tiny model")
+        .option("--backend", "NAME", "cpu or cuda (default cpu)")
+        .option("--threads", "N", "CPU threads (default: all cores)")
+        .option("--verbose", "", "log loading details", "-v");
+}
+
+engine_options engine_options_from(const arg_parser& p) {
+    engine_options o;
+    o.model_dir = p.str("--model");
+    o.backend = p.str("--backend", "cpu");
+    o.threads = (int)p.integer("--threads", 0);
+    if (o.threads < 0) fail("--threads must be >= 0");
+    if (p.has("--verbose")) set_log_level(log_level::debug);
+    return o;
+}
+
+int cmd_logits(int argc, char** argv) {
+    arg_parser p("logits", "--ids-file F --out OUT.safetensors [options]",
+                 "Runs one prefill over the token ids in F and writes tensor 'logits' (F32, [n, vocab]).");
+    add_engine_options(p);
+    p.option("--ids-file", "F", "token ids, separated by whitespace").option("--out", "PATH", "output .safetensors file");
+    if (!p.parse(argc, argv)) return 0;
+    if (!p.has("--ids-file")) fail("logits: --ids-file is required");
+    if (!p.has("--out")) fail("logits: --out is required");
+    std::vector<int32_t> ids = read_ids_file(p.str("--ids-file"));
+    engine eng(engine_options_from(p));
+    eng.check_ids(ids);
+    auto st = eng.new_sequence((int64_t)ids.size());
+    auto t0 = clock_type::now();
+    std::vector<float> logits = eng.step(*st, ids, logits_rows::all);
+    double dt = seconds_since(t0);
+    write_safetensors(p.str("--out"), {{"logits", dtype::f32, {(int64_t)ids.size(), eng.cfg().vocab}, logits.data()}},
+                      {{"format", "pt"}});
+    fprintf(stderr, "tansy: %zu tokens in %.3f s (%.0f tok/s) on %s -> %s\n", ids.size(), dt, ids.size() / dt,
+            eng.be().name(), p.str("--out").c_str());
+    return 0;
+}
+
+int cmd_generate(int argc, char** argv) {
+    arg_parser p("generate", "--ids-file F -n N [--greedy] [options]",
+                 "Prefills the token ids in F, then generates N tokens through the cache (KV cache + DeltaNet\n"
+                 "state), one decode step per token. Does not stop at end-of-turn tokens.");
+    add_engine_options(p);
+    p.option("--ids-file", "F", "prompt token ids, separated by whitespace")
+        .option("-n", "N", "tokens to generate (default 16)", "--max-tokens")
+        .option("--greedy", "", "pick the most likely token (the default when no temperature is given)")
+        .option("--temperature", "T", "sample at temperature T (0 = greedy)")
+        .option("--top-k", "K", "keep the K most likely tokens")
+        .option("--top-p", "P", "keep the smallest set with probability >= P")
+        .option("--min-p", "P", "drop tokens below P x the top probability")
+        .option("--seed", "S", "random seed (default 0)")
+        .option("--output-ids", "", "print the generated ids, space-separated, on one line (the default)");
+    if (!p.parse(argc, argv)) return 0;
+    if (!p.has("--ids-file")) fail("generate: --ids-file is required");
+    const int64_t n = p.integer("-n", 16);
+    if (n < 0) fail("generate: -n must be >= 0");
+    sampling_params sp;
+    if (!p.has("--greedy")) {
+        sp.temperature = (float)p.number("--temperature", 0.0);
+        sp.top_k = (int)p.integer("--top-k", 0);
+        sp.top_p = (float)p.number("--top-p", 1.0);
+        sp.min_p = (float)p.number("--min-p", 0.0);
+    } else if (p.has("--temperature") && p.number("--temperature", 0) != 0) {
+        fail("generate: --greedy contradicts --temperature");
+    }
+    sp.seed = (uint64_t)p.integer("--seed", 0);
+    std::vector<int32_t> ids = read_ids_file(p.str("--ids-file"));
+    engine eng(engine_options_from(p));
+    eng.check_ids(ids);
+    sampler smp(sp);
+    const int64_t V = eng.cfg().vocab;
+    auto st = eng.new_sequence((int64_t)ids.size() + n);
+
+    std::vector<int32_t> out;
+    auto t0 = clock_type::now();
+    std::vector<float> logits = eng.step(*st, ids, logits_rows::last);
+    const double t_prefill = seconds_since(t0);
+    auto t1 = clock_type::now();
+    for (int64_t i = 0; i < n; i++) {
+        out.push_back(smp.sample(logits.data(), V));
+        if (i + 1 < n) logits = eng.step(*st, {out.back()}, logits_rows::last);
+    }
+    const double t_decode = seconds_since(t1);
+    for (size_t i = 0; i < out.size(); i++) printf("%s%d", i ? " " : "", out[i]);
+    printf("\n");
+    fprintf(stderr, "tansy: prefill %zu tokens %.3f s (%.0f tok/s), decode %lld tokens %.3f s (%.1f tok/s), %s\n",
+            ids.size(), t_prefill, ids.size() / t_prefill, (long long)std::max<int64_t>(n - 1, 0), t_decode,
+            n > 1 ? (n - 1) / t_decode : 0.0, eng.be().name());
+    return 0;
+}
+
+int cmd_info(int argc, char** argv) {
+    arg_parser p("info", "[--model DIR]", "Loads a checkpoint and describes it.");
+    p.option("--model", "DIR", "checkpoint directory; default: the bundled tiny model");
+    if (!p.parse(argc, argv)) return 0;
+    std::string dir = p.str("--model", default_model_dir());
+    model m = load_model(dir);
+    size_t weight_bytes = 0;
+    for (const st_tensor* t : m.ckpt->tensors()) weight_bytes += t->nbytes();
+    printf("model      %s\nlayout     %s (%zu file%s, %.1f MB)\nconfig     %s\n", dir.c_str(), layout_name(m.w.layout),
+           m.ckpt->n_files(), m.ckpt->n_files() == 1 ? "" : "s", weight_bytes / 1e6, m.cfg.summary().c_str());
+    std::string kinds;
+    for (layer_kind k : m.cfg.layers) kinds += k == layer_kind::full_attention ? 'A' : 'D';
+    printf("layers     %s  (D = Gated DeltaNet, A = full attention)\n", kinds.c_str());
+    auto eos = load_eos_ids(dir);
+    printf("eos ids   ");
+    for (int32_t e : eos) printf(" %d", e);
+    printf("\n");
+    return 0;
+}
+
+}  // namespace tansy

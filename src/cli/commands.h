@@ -1,0 +1,17 @@
+// CLI subcommands. Each takes the arguments after its name and returns the process exit status.
+#pragma once
+#include "cli/args.h"
+#include "runtime/engine.h"
+
+namespace tansy {
+
+int cmd_logits(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
+int cmd_info(int argc, char** argv);
+
+// --model, --backend, --threads: shared by every command that runs the model.
+void add_engine_options(arg_parser& p);
+engine_options engine_options_from(const arg_parser& p);
+
+}  // namespace tansy

@@ -1,0 +1,64 @@
+// tansy: one binary, subcommands.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "cli/commands.h"
+#include "core/check.h"
+
+using namespace tansy;
+
+namespace {
+
+struct command {
+    const char* name;
+    int (*fn)(int, char**);
+    const char* help;
+};
+
+const command k_commands[] = {
+    {"generate", cmd_generate, "prefill token ids, then decode N tokens (greedy or sampled)"},
+    {"logits", cmd_logits, "write the full-prompt logits of token ids to a safetensors file"},
+    {"eval", cmd_eval, "teacher-forced perplexity, top-1 agreement and KL against reference logits"},
+    {"info", cmd_info, "describe a checkpoint: layout, configuration, sizes"},
+};
+
+void usage(FILE* f) {
+    fprintf(f,
+            "tansy: a single-process inference engine for Qwen3.6-35B-A3B (qwen3_5_moe)\n\n"
+            "usage: tansy COMMAND [options]   (tansy COMMAND --help for its options)\n\ncommands:\n");
+    for (const command& c : k_commands) fprintf(f, "  %-10s %s\n", c.name, c.help);
+    fprintf(f, "\nWithout --model, commands use the bundled tiny model (%s).\n", default_model_dir().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char* name = argv[1];
+    if (!strcmp(name, "--help") || !strcmp(name, "-h") || !strcmp(name, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (const command& c : k_commands) {
+        if (strcmp(c.name, name) != 0) continue;
+        try {
+            return c.fn(argc - 2, argv + 2);
+        } catch (const tansy::error& e) {
+            fprintf(stderr, "tansy: error: %s\n", e.what());
+            return 1;
+        } catch (const std::bad_alloc&) {
+            fprintf(stderr, "tansy: error: out of memory\n");
+            return 1;
+        } catch (const std::exception& e) {
+            fprintf(stderr, "tansy: error: %s\n", e.what());
+            return 1;
+        }
+    }
+    fprintf(stderr, "tansy: unknown command '%s' (see 'tansy --help')\n", name);
+    return 2;
+}

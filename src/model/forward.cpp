@@ -1,0 +1,124 @@
+#include "model/forward.h"
+
+#include "core/check.h"
+
+namespace tansy {
+
+forward_pass::forward_pass(backend& be, const model& m) : be_(be), m_(m) {
+    int n_attn = 0, n_gdn = 0;
+    for (const layer_weights& l : m.w.layers)
+        slot_.push_back(l.kind == layer_kind::full_attention ? n_attn++ : n_gdn++);
+}
+
+void forward_pass::reserve(int64_t T, int64_t n_logit_rows) {
+    const model_config& c = m_.cfg;
+    const dtype at = be_.act_type();
+    if (T > cap_) {
+        cap_ = T;
+        ids_ = be_.alloc(T, 1, dtype::i32);
+        x_ = be_.alloc(T, c.hidden, at);
+        a_ = be_.alloc(T, c.hidden, at);
+        mix_ = be_.alloc(T, c.hidden, at);
+        moe_out_ = be_.alloc(T, c.hidden, at);
+        if (c.n_full_attention() > 0) {
+            qg_ = be_.alloc(T, c.q_proj_rows(), at);
+            k_ = be_.alloc(T, c.kv_dim(), at);
+            v_ = be_.alloc(T, c.kv_dim(), at);
+            attn_ = be_.alloc(T, c.n_q_heads * c.head_dim, at);
+        }
+        if (c.n_full_attention() < c.n_layers()) {
+            qkv_ = be_.alloc(T, c.lin_conv_dim(), at);
+            z_ = be_.alloc(T, c.lin_value_dim(), at);
+            b_ = be_.alloc(T, c.lin_v_heads, at);
+            gate_a_ = be_.alloc(T, c.lin_v_heads, at);
+            gdn_out_ = be_.alloc(T, c.lin_value_dim(), at);
+        }
+    }
+    if (n_logit_rows > cap_logits_) {
+        cap_logits_ = n_logit_rows;
+        sel_ = be_.alloc(n_logit_rows, c.hidden, at);
+        logits_ = be_.alloc(n_logit_rows, c.vocab, dtype::f32);
+    }
+}
+
+static vec_view vv(const std::vector<float>& v) { return {v.data(), (int64_t)v.size()}; }
+
+tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, logits_rows which) {
+    const model_config& c = m_.cfg;
+    const model_weights& W = m_.w;
+    const int64_t T = ids.rows;
+    TANSY_CHECK(T > 0, "empty batch");
+    int64_t covered = 0;
+    for (const seq_span& s : spans) {
+        TANSY_CHECK(s.row0 == covered && s.n > 0, "spans must tile the batch in order");
+        TANSY_CHECK(s.pos0 == s.state->n_past(), "span pos0 %lld != state n_past %lld", (long long)s.pos0,
+                    (long long)s.state->n_past());
+        if (s.pos0 + s.n > s.state->capacity())
+            fail("sequence of %lld tokens exceeds the context capacity of %lld", (long long)(s.pos0 + s.n),
+                 (long long)s.state->capacity());
+        covered += s.n;
+    }
+    TANSY_CHECK(covered == T, "spans cover %lld of %lld rows", (long long)covered, (long long)T);
+    const int64_t n_logits = which == logits_rows::all ? T : which == logits_rows::last ? (int64_t)spans.size() : 0;
+    reserve(T, n_logits);
+
+    auto rows = [T](const buffer& b) { return b.t().rows_view(0, T); };
+    const tensor x = rows(x_), a = rows(a_), mix = rows(mix_), mo = rows(moe_out_);
+
+    be_.embed(x, ids, W.embed);
+    if (tap) tap("embed", -1, x);
+    for (size_t i = 0; i < W.layers.size(); i++) {
+        const layer_weights& l = W.layers[i];
+        be_.rms_norm(a, x, vv(l.input_norm), c.eps);
+        if (l.kind == layer_kind::full_attention) {
+            const tensor qg = rows(qg_), k = rows(k_), v = rows(v_), o = rows(attn_);
+            be_.matmul(qg, a, l.attn.q_proj);
+            be_.matmul(k, a, l.attn.k_proj);
+            be_.matmul(v, a, l.attn.v_proj);
+            be_.attention(o, qg, k, v, l.attn, slot_[i], spans);
+            be_.matmul(mix, o, l.attn.o_proj);
+        } else {
+            const tensor qkv = rows(qkv_), z = rows(z_), b = rows(b_), ga = rows(gate_a_), o = rows(gdn_out_);
+            be_.matmul(qkv, a, l.gdn.in_qkv);
+            be_.matmul(z, a, l.gdn.in_z);
+            be_.matmul(b, a, l.gdn.in_b);
+            be_.matmul(ga, a, l.gdn.in_a);
+            be_.gdn(o, qkv, z, b, ga, l.gdn, slot_[i], spans, gdn);
+            be_.matmul(mix, o, l.gdn.out_proj);
+        }
+        be_.add(x, mix);
+        be_.rms_norm(a, x, vv(l.post_norm), c.eps);
+        be_.moe(mo, a, l.moe);
+        be_.add(x, mo);
+        if (tap) tap("layer", (int)i, x);
+    }
+    for (const seq_span& s : spans) s.state->set_n_past(s.pos0 + s.n);
+    if (which == logits_rows::none) return {};
+
+    tensor h = x;
+    if (which == logits_rows::last) {
+        std::vector<int64_t> last;
+        for (const seq_span& s : spans) last.push_back(s.row0 + s.n - 1);
+        h = sel_.t().rows_view(0, n_logits);
+        be_.gather_rows(h, x, last);
+    }
+    const tensor hn = a.rows_view(0, n_logits);
+    be_.rms_norm(hn, h, vv(W.final_norm), c.eps);
+    if (tap) tap("final_norm", -1, hn);
+    const tensor logits = logits_.t().rows_view(0, n_logits);
+    be_.matmul(logits, hn, W.lm_head);
+    return logits;
+}
+
+std::vector<float> forward_pass::run_host(const std::vector<int32_t>& ids, seq_state& st, logits_rows which) {
+    const int64_t T = (int64_t)ids.size();
+    reserve(T, 0);
+    const tensor idt = ids_.t().rows_view(0, T);
+    be_.upload(idt, ids.data());
+    tensor lg = run(idt, {seq_span{&st, 0, T, st.n_past()}}, which);
+    std::vector<float> out((size_t)lg.numel());
+    if (lg.numel()) be_.download(out.data(), lg);
+    return out;
+}
+
+}  // namespace tansy

@@ -1,0 +1,52 @@
+// The forward pass, written once against backend.h (MODEL.md §6):
+//   h = embed(ids); for each layer: h += mixer(input_norm(h)); h += moe(post_norm(h));
+//   logits = lm_head(norm(h))
+// where mixer is Gated DeltaNet or gated full attention. A batch is any set of sequences, each contributing
+// a span of consecutive tokens (a prefill chunk or one decode token), each with its own seq_state.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace tansy {
+
+enum class logits_rows : uint8_t {
+    all,      // one row of logits per batch row (eval, `tansy logits`)
+    last,     // only the last row of each span (generation)
+    none,     // no lm_head (prefill of a prefix)
+};
+
+// Named-intermediate hook (llama.cpp cb(), yalm DEBUG_MODEL): called with "embed", "layer" (after each layer,
+// with its index), "final_norm". Tensors are in backend memory.
+using tap_fn = std::function<void(const char* name, int layer, const tensor& t)>;
+
+class forward_pass {
+  public:
+    forward_pass(backend& be, const model& m);
+
+    // Runs `ids` (int32 [T, 1] in backend memory) through the model. `spans` partition the rows by sequence;
+    // each span's pos0 must equal its state's n_past(), which advances by the span length. Returns the logits
+    // tensor (backend memory, valid until the next run): [T, V] for all, [n_spans, V] for last.
+    tensor run(const tensor& ids, const std::vector<seq_span>& spans, logits_rows which);
+
+    // Convenience for one sequence: host ids -> host logits (rows per `which`).
+    std::vector<float> run_host(const std::vector<int32_t>& ids, seq_state& st, logits_rows which);
+
+    gdn_mode gdn = gdn_mode::auto_select;
+    tap_fn tap;
+
+    backend& be() { return be_; }
+    const model& mdl() const { return m_; }
+
+  private:
+    void reserve(int64_t T, int64_t n_logit_rows);
+
+    backend& be_;
+    const model& m_;
+    int64_t cap_ = 0, cap_logits_ = 0;
+    buffer ids_, x_, a_, mix_, qg_, k_, v_, attn_, qkv_, z_, b_, gate_a_, gdn_out_, moe_out_, sel_, logits_;
+    std::vector<int> slot_;  // per layer: index among layers of its kind (KV cache or recurrent state)
+};
+
+}  // namespace tansy

@@ -1,0 +1,34 @@
+// Token selection from a row of logits (host): greedy, or temperature with top-k / top-p / min-p filtering and
+// a seeded RNG (same seed, same logits -> same tokens).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace tansy {
+
+struct sampling_params {
+    float temperature = 0.0f;  // 0: greedy
+    int top_k = 0;             // 0: off
+    float top_p = 1.0f;        // 1: off
+    float min_p = 0.0f;        // 0: off
+    uint64_t seed = 0;
+};
+
+class sampler {
+  public:
+    // Ids >= n_valid (the embedding's padding rows, MODEL.md §6) are never chosen; 0 means all are valid.
+    sampler(sampling_params p, int64_t n_valid = 0);
+    int32_t sample(const float* logits, int64_t vocab);
+    const sampling_params& params() const { return p_; }
+
+  private:
+    double uniform();  // [0, 1)
+    sampling_params p_;
+    int64_t n_valid_;
+    uint64_t rng_;
+    std::vector<std::pair<float, int32_t>> cand_;
+};
+
+int32_t argmax(const float* logits, int64_t n);  // first maximum
+
+}  // namespace tansy
