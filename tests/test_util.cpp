@@ -23,6 +23,8 @@ std::string shared_fixtures_dir() {
 std::string fixture(const std::string& name) {
     fs::path committed = fs::path(TANSY_SOURCE_DIR) / "tests" / "fixtures" / name;
     if (fs::exists(committed)) return committed.string();
+    fs::path unpacked = fs::path(TANSY_BINARY_DIR) / "fixtures" / name;  // from tests/fixtures/*.tar.xz
+    if (fs::exists(unpacked)) return unpacked.string();
     std::string shared = shared_fixtures_dir();
     if (!shared.empty() && fs::exists(fs::path(shared) / name)) return (fs::path(shared) / name).string();
     return "";

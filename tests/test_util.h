@@ -9,7 +9,8 @@
 
 namespace tansy::test {
 
-// A fixture file or directory: the committed copy under tests/fixtures if present, else ../shared/fixtures
+// A fixture file or directory: the committed copy under tests/fixtures (or unpacked from a committed
+// tests/fixtures/*.tar.xz into build/fixtures) if present, else ../shared/fixtures
 // (or $TANSY_SHARED_FIXTURES) when available; "" if neither has it.
 std::string fixture(const std::string& name);
 // The shared fixtures directory if present ("" otherwise).
