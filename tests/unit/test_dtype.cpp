@@ -6,7 +6,7 @@
 using namespace tansy;
 
 TEST(dtype, bf16_round_trip_and_rounding) {
-    for (float f : {0.0f, 1.0f, -2.5f, 3.140625f, 1e-30f, 65504.0f}) EXPECT_EQ(bf16_to_f32(f32_to_bf16(f)), f);
+    for (float f : {0.0f, 1.0f, -2.5f, 3.140625f, 0x1p-100f, 65536.0f}) EXPECT_EQ(bf16_to_f32(f32_to_bf16(f)), f);
     // 1 + 2^-8 is exactly half-way between two bf16 values: ties to even (down to 1.0).
     EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 1.0f / 256)), 1.0f);
     EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);

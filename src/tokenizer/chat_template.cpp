@@ -1,0 +1,603 @@
+// Qwen3.6 chat template, hand-written (see chat_template.h). "T:NN" comments give the line of qwen3_6.jinja
+// (fixtures/chat_template/) that the code reproduces. Jinja facts the code depends on:
+//  - `x.key` on a dict is x['key']; on anything else (string, list, number, null) it is undefined. None of the
+//    keys read (role, content, ...) is also a Python dict/str/list method name, so no attribute shadows a key.
+//  - An undefined value prints as "", is falsy, and `'str' + undefined` raises.
+//  - `'k' in x` is key membership for a dict, substring for a string, element equality for a list, and a
+//    TypeError for numbers, booleans and None.
+//  - `{{ x }}` prints Python str(x); `|trim` is str.strip(); `is true`/`is false` are identity with True/False.
+#include "tokenizer/chat_template.h"
+
+#include <utf8proc.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+
+#include "core/check.h"
+
+namespace tansy {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------
+// UTF-8 helpers (lenient: an invalid byte counts as one non-space, non-printable unit, so nothing crashes)
+
+struct code_point {
+    int32_t cp;    // -1 for an invalid byte
+    size_t len;    // bytes
+};
+
+code_point decode_at(std::string_view s, size_t i) {
+    utf8proc_int32_t cp = -1;
+    utf8proc_ssize_t n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                          (utf8proc_ssize_t)(s.size() - i), &cp);
+    if (n <= 0) return {-1, 1};
+    return {cp, (size_t)n};
+}
+
+// Start of the code point that ends at byte `end` (exclusive), and its decoding.
+code_point decode_before(std::string_view s, size_t end, size_t* start) {
+    size_t b = end - 1;
+    while (b > 0 && end - b < 4 && ((unsigned char)s[b] & 0xC0) == 0x80) b--;
+    code_point c = decode_at(s, b);
+    if (c.cp < 0 || b + c.len != end) {  // not a well-formed sequence ending here: step back one byte
+        *start = end - 1;
+        return {-1, 1};
+    }
+    *start = b;
+    return c;
+}
+
+// Python's str.isspace() per code point (Objects/unicodetype_db.h is generated with: bidirectional class WS, B
+// or S, or category Zs). utf8proc carries both properties, so no table is written out here.
+bool py_isspace(int32_t cp) {
+    if (cp < 0) return false;
+    const utf8proc_property_t* p = utf8proc_get_property(cp);
+    return p->category == UTF8PROC_CATEGORY_ZS || p->bidi_class == UTF8PROC_BIDI_CLASS_WS ||
+           p->bidi_class == UTF8PROC_BIDI_CLASS_B || p->bidi_class == UTF8PROC_BIDI_CLASS_S;
+}
+
+// Python's str.isprintable() per code point: everything except categories C* and Z* (space excepted).
+bool py_isprintable(int32_t cp) {
+    if (cp == ' ') return true;
+    if (cp < 0) return false;
+    switch (utf8proc_category(cp)) {
+        case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_CS: case UTF8PROC_CATEGORY_CO:
+        case UTF8PROC_CATEGORY_CN: case UTF8PROC_CATEGORY_ZL: case UTF8PROC_CATEGORY_ZP: case UTF8PROC_CATEGORY_ZS:
+            return false;
+        default:
+            return true;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Python string methods used by the template (T:98-99)
+
+std::string lstrip_newlines(std::string_view s) {
+    size_t b = s.find_first_not_of('\n');
+    return b == std::string_view::npos ? std::string() : std::string(s.substr(b));
+}
+
+std::string rstrip_newlines(std::string_view s) {
+    size_t e = s.find_last_not_of('\n');
+    return e == std::string_view::npos ? std::string() : std::string(s.substr(0, e + 1));
+}
+
+// s.split(sep)[0]
+std::string_view before_first(std::string_view s, std::string_view sep) {
+    size_t p = s.find(sep);
+    return p == std::string_view::npos ? s : s.substr(0, p);
+}
+
+// s.split(sep)[-1]
+std::string_view after_last(std::string_view s, std::string_view sep) {
+    size_t p = s.rfind(sep);
+    return p == std::string_view::npos ? s : s.substr(p + sep.size());
+}
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool ends_with(std::string_view s, std::string_view p) { return s.size() >= p.size() && s.substr(s.size() - p.size()) == p; }
+
+// Python repr(str): single quotes unless the text has ' and no ", escapes per unicode_repr().
+std::string py_repr_string(std::string_view s) {
+    const char quote = (s.find('\'') != std::string_view::npos && s.find('"') == std::string_view::npos) ? '"' : '\'';
+    std::string out(1, quote);
+    for (size_t i = 0; i < s.size();) {
+        code_point c = decode_at(s, i);
+        const int32_t cp = c.cp < 0 ? (unsigned char)s[i] : c.cp;  // a stray byte shows as \xNN
+        if (cp == quote || cp == '\\') out += '\\', out += (char)cp;
+        else if (cp == '\t') out += "\\t";
+        else if (cp == '\n') out += "\\n";
+        else if (cp == '\r') out += "\\r";
+        else if (cp < ' ' || cp == 0x7f || c.cp < 0) out += strprintf("\\x%02x", cp);
+        else if (cp < 0x7f || py_isprintable(cp)) out.append(s.substr(i, c.len));
+        else if (cp <= 0xff) out += strprintf("\\x%02x", cp);
+        else if (cp <= 0xffff) out += strprintf("\\u%04x", cp);
+        else out += strprintf("\\U%08x", cp);
+        i += c.len;
+    }
+    return out + quote;
+}
+
+std::string py_repr(const json& v) { return v.is_string() ? py_repr_string(v.get_ref<const std::string&>()) : py_str(v); }
+
+// json.dumps string encoding with ensure_ascii=False (Lib/json/encoder.py ESCAPE_DCT).
+void json_quote(std::string_view s, std::string& out) {
+    out += '"';
+    for (char ch : s) {
+        const unsigned char c = (unsigned char)ch;
+        switch (c) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            case '\b': out += "\\b"; break;
+            case '\f': out += "\\f"; break;
+            default:
+                if (c < 0x20) out += strprintf("\\u%04x", c);
+                else out += ch;
+        }
+    }
+    out += '"';
+}
+
+void json_dump_to(const json& v, std::string& out) {
+    switch (v.type()) {
+        case json::value_t::null: out += "null"; return;
+        case json::value_t::boolean: out += v.get<bool>() ? "true" : "false"; return;
+        case json::value_t::number_integer: out += std::to_string(v.get<int64_t>()); return;
+        case json::value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); return;
+        case json::value_t::number_float: {
+            const double x = v.get<double>();
+            if (std::isnan(x)) out += "NaN";
+            else if (std::isinf(x)) out += x > 0 ? "Infinity" : "-Infinity";
+            else out += py_float_repr(x);
+            return;
+        }
+        case json::value_t::string: json_quote(v.get_ref<const std::string&>(), out); return;
+        case json::value_t::array: {
+            out += '[';
+            bool first = true;
+            for (const json& e : v) {
+                if (!first) out += ", ";
+                first = false;
+                json_dump_to(e, out);
+            }
+            out += ']';
+            return;
+        }
+        case json::value_t::object: {
+            out += '{';
+            bool first = true;
+            for (const auto& [k, e] : v.items()) {
+                if (!first) out += ", ";
+                first = false;
+                json_quote(k, out);
+                out += ": ";
+                json_dump_to(e, out);
+            }
+            out += '}';
+            return;
+        }
+        default: fail("chat template: cannot serialise a JSON %s value", v.type_name());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Jinja value semantics on JSON
+
+// `obj.key`: nullptr means undefined.
+const json* attr(const json& obj, const char* key) {
+    if (!obj.is_object()) return nullptr;
+    auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+}
+
+bool is_str(const json* v, std::string_view s) { return v && v->is_string() && v->get_ref<const std::string&>() == s; }
+
+// Python bool(x); undefined is falsy.
+bool truthy(const json* v) {
+    if (!v) return false;
+    switch (v->type()) {
+        case json::value_t::null: return false;
+        case json::value_t::boolean: return v->get<bool>();
+        case json::value_t::number_integer: return v->get<int64_t>() != 0;
+        case json::value_t::number_unsigned: return v->get<uint64_t>() != 0;
+        case json::value_t::number_float: return v->get<double>() != 0.0;
+        case json::value_t::string:
+        case json::value_t::array:
+        case json::value_t::object: return !v->empty();
+        default: return true;
+    }
+}
+
+// `x is true` / `x is false`: identity with the booleans, so 1 / 0 / "false" do not count.
+bool is_bool(const json* v, bool b) { return v && v->is_boolean() && v->get<bool>() == b; }
+
+// `{{ x }}`: Python str(x); undefined prints nothing.
+std::string print(const json* v) { return v ? py_str(*v) : std::string(); }
+
+std::string_view type_word(const json& v) {
+    if (v.is_number()) return "a number";
+    if (v.is_boolean()) return "a boolean";
+    if (v.is_null()) return "null";
+    if (v.is_string()) return "a string";
+    if (v.is_array()) return "a list";
+    return "an object";
+}
+
+// `'needle' in item` for a content part (T:7, T:19, T:30).
+bool part_has(const json& item, const char* needle) {
+    switch (item.type()) {
+        case json::value_t::object: return item.contains(needle);
+        case json::value_t::string: return item.get_ref<const std::string&>().find(needle) != std::string::npos;
+        case json::value_t::array:
+            for (const json& e : item)
+                if (is_str(&e, needle)) return true;
+            return false;
+        default:  // Python: TypeError: argument of type 'int' is not iterable
+            fail("chat template: a content part is %s, not an object (Unexpected item type in content.)",
+                 std::string(type_word(item)).c_str());
+    }
+}
+
+[[noreturn]] void raise_exception(const char* msg) { fail("chat template: %s", msg); }
+
+// T:51 (one string literal of the template, verbatim)
+constexpr const char* k_tool_instructions =
+    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
+    "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural "
+    "language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question "
+    "like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>";
+
+// One render: holds the template's global namespaces (image_count, video_count, ns).
+class chat_renderer {
+  public:
+    chat_renderer(const json& messages, const json& tools, const chat_options& opt)
+        : msgs_(messages), tools_(tools), opt_(opt) {}
+
+    std::string render() {
+        if (msgs_.empty()) raise_exception("No messages provided.");  // T:43-45
+        render_system_block();
+        find_last_query();
+        for (size_t i = 0; i < msgs_.size(); i++) render_message(i);
+        if (opt_.add_generation_prompt) render_generation_prompt();
+        return std::move(out_);
+    }
+
+  private:
+    const json* kwarg(const char* name) const { return attr(opt_.kwargs, name); }
+    const json* role(size_t i) const { return attr(msgs_[i], "role"); }
+
+    // macro render_content (T:3-41), before `|trim`.
+    std::string render_content(const json* content, bool do_vision_count, bool is_system_content) {
+        if (!content || content->is_null()) return "";                                        // T:36-37
+        if (content->is_string()) return content->get<std::string>();                         // T:4-5
+        if (!content->is_array()) raise_exception("Unexpected content type.");                 // T:38-39
+        std::string out;
+        for (const json& item : *content) render_part(item, do_vision_count, is_system_content, out);
+        return out;
+    }
+
+    void render_part(const json& item, bool do_vision_count, bool is_system_content, std::string& out) {
+        const json* type = attr(item, "type");
+        if (part_has(item, "image") || part_has(item, "image_url") || is_str(type, "image")) {  // T:8-18
+            if (is_system_content) raise_exception("System message cannot contain images.");
+            if (do_vision_count) image_count_++;
+            if (truthy(kwarg("add_vision_id"))) out += "Picture " + std::to_string(image_count_) + ": ";
+            out += "<|vision_start|><|image_pad|><|vision_end|>";
+        } else if (part_has(item, "video") || is_str(type, "video")) {  // T:19-29
+            if (is_system_content) raise_exception("System message cannot contain videos.");
+            if (do_vision_count) video_count_++;
+            if (truthy(kwarg("add_vision_id"))) out += "Video " + std::to_string(video_count_) + ": ";
+            out += "<|vision_start|><|video_pad|><|vision_end|>";
+        } else if (part_has(item, "text")) {  // T:30-31 (a string part containing "text" prints nothing)
+            out += print(attr(item, "text"));
+        } else {
+            raise_exception("Unexpected item type in content.");  // T:32-33
+        }
+    }
+
+    // `tools and tools is iterable and tools is not mapping` (T:46), then the block of T:47-65.
+    void render_system_block() {
+        const bool has_system = is_str(role(0), "system");
+        if (truthy(&tools_) && (tools_.is_array() || tools_.is_string())) {
+            out_ += "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>";
+            for_each_tool([&](const json& tool) { out_ += '\n' + py_json_dumps(tool); });
+            out_ += "\n</tools>";
+            out_ += k_tool_instructions;
+            if (has_system) {
+                std::string content = py_strip(render_content(attr(msgs_[0], "content"), false, true));
+                if (!content.empty()) out_ += "\n\n" + content;
+            }
+            out_ += "<|im_end|>\n";
+        } else if (has_system) {  // T:60-64: an empty system message still gets its turn
+            out_ += "<|im_start|>system\n" + py_strip(render_content(attr(msgs_[0], "content"), false, true)) +
+                    "<|im_end|>\n";
+        }
+    }
+
+    // Iterating a string yields its characters, each dumped as a JSON string (what Jinja does with tools="ab").
+    template <class F>
+    void for_each_tool(F&& f) {
+        if (tools_.is_array()) {
+            for (const json& t : tools_) f(t);
+            return;
+        }
+        const std::string& s = tools_.get_ref<const std::string&>();
+        for (size_t i = 0; i < s.size();) {
+            const size_t n = decode_at(s, i).len;
+            f(json(s.substr(i, n)));
+            i += n;
+        }
+    }
+
+    // T:66-79: the last user message that is not a wrapped <tool_response>, scanning from the end.
+    void find_last_query() {
+        for (size_t k = msgs_.size(); k-- > 0;) {
+            if (!is_str(role(k), "user")) continue;
+            std::string content = py_strip(render_content(attr(msgs_[k], "content"), false, false));
+            if (!(starts_with(content, "<tool_response>") && ends_with(content, "</tool_response>"))) {
+                last_query_index_ = (int64_t)k;
+                return;
+            }
+        }
+        raise_exception("No user query found in messages.");
+    }
+
+    // T:80-145
+    void render_message(size_t i) {
+        // note: content is rendered (and images counted) before the role is looked at, as in T:81.
+        std::string content = py_strip(render_content(attr(msgs_[i], "content"), true, false));
+        const json* r = role(i);
+        if (is_str(r, "system")) {
+            if (i != 0) raise_exception("System message must be at the beginning.");
+        } else if (is_str(r, "user")) {
+            out_ += "<|im_start|>user\n" + content + "<|im_end|>\n";
+        } else if (is_str(r, "assistant")) {
+            render_assistant(i, std::move(content));
+        } else if (is_str(r, "tool")) {
+            render_tool(i, content);
+        } else {
+            raise_exception("Unexpected message role.");
+        }
+    }
+
+    // T:89-131
+    void render_assistant(size_t i, std::string content) {
+        const json& m = msgs_[i];
+        std::string reasoning;
+        if (const json* rc = attr(m, "reasoning_content"); rc && rc->is_string()) {  // T:91-92: kept verbatim
+            reasoning = rc->get<std::string>();
+        } else if (content.find("</think>") != std::string::npos) {  // T:94-97
+            // content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
+            reasoning = lstrip_newlines(after_last(rstrip_newlines(before_first(content, "</think>")), "<think>"));
+            content = lstrip_newlines(after_last(content, "</think>"));
+        }
+        reasoning = py_strip(reasoning);  // T:99
+        // T:100: only turns after the last real user query keep their reasoning, unless preserve_thinking is true
+        const bool preserve = opt_.variant == chat_template_variant::qwen3_6 && is_bool(kwarg("preserve_thinking"), true);
+        out_ += "<|im_start|>assistant\n";
+        if (preserve || (int64_t)i > last_query_index_) out_ += "<think>\n" + reasoning + "\n</think>\n\n";
+        out_ += content;
+        const json* calls = attr(m, "tool_calls");
+        if (truthy(calls) && (calls->is_array() || calls->is_string())) render_tool_calls(*calls, content);
+        out_ += "<|im_end|>\n";
+    }
+
+    // T:106-129
+    void render_tool_calls(const json& calls, const std::string& content) {
+        if (calls.is_string())  // Jinja would iterate its characters, and fail on the first one's missing name
+            fail("chat template: tool_calls is a string; it must be a list of objects");
+        for (size_t k = 0; k < calls.size(); k++) {
+            const json* call = &calls[k];
+            if (const json* f = attr(*call, "function")) call = f;  // T:108-110: OpenAI form, else flat form
+            const json* name = attr(*call, "name");
+            if (!name || !name->is_string())  // `'<function=' + tool_call.name` raises unless it is a string
+                fail("chat template: tool call %zu has no string 'name'", k);
+            if (k > 0) out_ += '\n';
+            else if (!py_strip(content).empty()) out_ += "\n\n";
+            out_ += "<tool_call>\n<function=" + name->get<std::string>() + ">\n";
+            if (const json* args = attr(*call, "arguments")) render_arguments(*args, name->get<std::string>());
+            out_ += "</function>\n</tool_call>";
+        }
+    }
+
+    // T:120-126: `tool_call.arguments|items` needs a mapping.
+    void render_arguments(const json& args, const std::string& name) {
+        if (!args.is_object())
+            fail("chat template: arguments of tool call '%s' is %s, not a JSON object (Can only get item pairs "
+                 "from a mapping.)%s",
+                 name.c_str(), std::string(type_word(args)).c_str(),
+                 args.is_string() ? "; OpenAI-style string arguments must be parsed into an object first" : "");
+        for (const auto& [key, value] : args.items()) {
+            out_ += "<parameter=" + key + ">\n";
+            out_ += argument_value(value);
+            out_ += "\n</parameter>\n";
+        }
+    }
+
+    // T:122: 3.6 prints strings raw and everything else as JSON; 3.5 prints scalars with Python str().
+    std::string argument_value(const json& v) const {
+        if (v.is_string()) return v.get<std::string>();
+        if (opt_.variant == chat_template_variant::qwen3_5 && !v.is_object() && !v.is_array()) return py_str(v);
+        return py_json_dumps(v);
+    }
+
+    // T:132-142: consecutive tool results share one user turn.
+    void render_tool(size_t i, const std::string& content) {
+        // `loop.previtem and loop.previtem.role != "tool"`: a tool message first gets no user header (a quirk)
+        if (i > 0 && truthy(&msgs_[i - 1]) && !is_str(role(i - 1), "tool")) out_ += "<|im_start|>user";
+        out_ += "\n<tool_response>\n" + content + "\n</tool_response>";
+        if (i + 1 == msgs_.size() || !is_str(role(i + 1), "tool")) out_ += "<|im_end|>\n";
+    }
+
+    // T:147-154
+    void render_generation_prompt() {
+        out_ += "<|im_start|>assistant\n";
+        out_ += is_bool(kwarg("enable_thinking"), false) ? "<think>\n\n</think>\n\n" : "<think>\n";
+    }
+
+    const json& msgs_;
+    const json& tools_;
+    const chat_options& opt_;
+    std::string out_;
+    int64_t image_count_ = 0, video_count_ = 0;  // T:1-2
+    int64_t last_query_index_ = -1;              // T:66 ns.last_query_index
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// Python semantics
+
+std::string py_float_repr(double x) {
+    if (std::isnan(x)) return "nan";
+    if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+    // Shortest round-trip digits, as Python's repr (dtoa mode 0), come from to_chars: "-d.ddde+XX".
+    char buf[64];
+    auto res = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
+    TANSY_CHECK(res.ec == std::errc(), "to_chars failed");
+    std::string_view sci(buf, res.ptr - buf);
+    std::string sign, digits;
+    size_t i = 0;
+    if (sci[0] == '-') sign = "-", i = 1;
+    for (; i < sci.size() && sci[i] != 'e'; i++)
+        if (sci[i] != '.') digits += sci[i];
+    const int exp10 = std::stoi(std::string(sci.substr(i + 1)));
+    const int decpt = exp10 + 1;  // value = 0.DIGITS x 10^decpt
+    const int n = (int)digits.size();
+    // Python/pystrtod.c format_float_short, mode 'r': exponent when decpt <= -4 or decpt > 16.
+    if (decpt <= -4 || decpt > 16) {
+        std::string mant = digits.substr(0, 1) + (n > 1 ? "." + digits.substr(1) : "");
+        return sign + mant + strprintf("e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
+    }
+    if (decpt <= 0) return sign + "0." + std::string(-decpt, '0') + digits;
+    if (decpt >= n) return sign + digits + std::string(decpt - n, '0') + ".0";
+    return sign + digits.substr(0, decpt) + "." + digits.substr(decpt);
+}
+
+std::string py_json_dumps(const json& v) {
+    std::string out;
+    json_dump_to(v, out);
+    return out;
+}
+
+std::string py_str(const json& v) {
+    switch (v.type()) {
+        case json::value_t::null: return "None";
+        case json::value_t::boolean: return v.get<bool>() ? "True" : "False";
+        case json::value_t::number_integer: return std::to_string(v.get<int64_t>());
+        case json::value_t::number_unsigned: return std::to_string(v.get<uint64_t>());
+        case json::value_t::number_float: return py_float_repr(v.get<double>());
+        case json::value_t::string: return v.get<std::string>();
+        case json::value_t::array: {
+            std::string out = "[";
+            for (size_t i = 0; i < v.size(); i++) out += (i ? ", " : "") + py_repr(v[i]);
+            return out + "]";
+        }
+        case json::value_t::object: {
+            std::string out = "{";
+            bool first = true;
+            for (const auto& [k, e] : v.items()) {
+                out += (first ? "" : ", ") + py_repr_string(k) + ": " + py_repr(e);
+                first = false;
+            }
+            return out + "}";
+        }
+        default: fail("chat template: cannot print a JSON %s value", v.type_name());
+    }
+}
+
+std::string py_strip(std::string_view s) {
+    size_t b = 0, e = s.size();
+    while (b < e) {
+        code_point c = decode_at(s, b);
+        if (!py_isspace(c.cp)) break;
+        b += c.len;
+    }
+    while (e > b) {
+        size_t start;
+        code_point c = decode_before(s, e, &start);
+        if (start < b || !py_isspace(c.cp)) break;
+        e = start;
+    }
+    return std::string(s.substr(b, e - b));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Entry points
+
+std::string render_chat(const json& messages, const json& tools, const chat_options& opt) {
+    if (!messages.is_array()) fail("chat template: messages must be a list, got %s", messages.type_name());
+    return chat_renderer(messages, tools, opt).render();
+}
+
+std::string render_chat_request(const json& request) {
+    if (!request.is_object()) fail("chat request: must be a JSON object, got %s", request.type_name());
+    auto it = request.find("messages");
+    if (it == request.end()) fail("chat request: 'messages' is required");
+    if (!it->is_array()) fail("chat request: 'messages' must be an array, got %s", it->type_name());
+    const json& messages = *it;
+
+    json tools = nullptr;
+    if (auto t = request.find("tools"); t != request.end() && !t->is_null()) {
+        if (!t->is_array()) fail("chat request: 'tools' must be an array, got %s", t->type_name());
+        tools = *t;
+    }
+    chat_options opt;
+    if (auto g = request.find("add_generation_prompt"); g != request.end()) {
+        if (!g->is_boolean()) fail("chat request: 'add_generation_prompt' must be a boolean, got %s", g->type_name());
+        opt.add_generation_prompt = g->get<bool>();
+    }
+    if (auto k = request.find("chat_template_kwargs"); k != request.end() && !k->is_null()) {
+        if (!k->is_object()) fail("chat request: 'chat_template_kwargs' must be an object, got %s", k->type_name());
+        opt.kwargs = *k;
+        // vLLM merges chat_template_kwargs over its own template arguments, so this key wins there too.
+        if (auto g = opt.kwargs.find("add_generation_prompt"); g != opt.kwargs.end()) {
+            opt.add_generation_prompt = truthy(&*g);
+            opt.kwargs.erase(g);
+        }
+    }
+    return render_chat(messages, tools, opt);
+}
+
+json normalize_openai_tool_calls(const json& messages) {
+    if (!messages.is_array()) fail("chat request: 'messages' must be an array, got %s", messages.type_name());
+    json out = messages;
+    for (size_t i = 0; i < out.size(); i++) {
+        json& m = out[i];
+        if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
+        json& calls = m["tool_calls"];
+        for (size_t k = 0; k < calls.size(); k++) {
+            json* call = &calls[k];
+            if (!call->is_object()) continue;
+            if (call->contains("function")) call = &(*call)["function"];  // same choice as the template (T:108)
+            if (!call->is_object() || !call->contains("arguments") || !(*call)["arguments"].is_string()) continue;
+            const std::string& text = (*call)["arguments"].get_ref<const std::string&>();
+            json parsed;
+            try {
+                parsed = json::parse(text);
+            } catch (const json::parse_error& e) {
+                fail("chat request: messages[%zu].tool_calls[%zu]: arguments is not valid JSON (byte %zu)", i, k,
+                     (size_t)e.byte);
+            }
+            if (!parsed.is_object())
+                fail("chat request: messages[%zu].tool_calls[%zu]: arguments must be a JSON object, got %s", i, k,
+                     parsed.type_name());
+            (*call)["arguments"] = std::move(parsed);
+        }
+    }
+    return out;
+}
+
+}  // namespace tansy

@@ -1,0 +1,48 @@
+#include "golden.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/check.h"
+
+namespace tansy::test {
+
+std::vector<float> golden::floats(const std::string& key) const {
+    const st_tensor* t = f_.find(key);
+    if (!t) fail("golden: no tensor %s", key.c_str());
+    if (t->type != dtype::f32) fail("golden: %s is %s, expected F32", key.c_str(), dtype_name(t->type));
+    std::vector<float> v((size_t)t->numel());
+    memcpy(v.data(), t->data, t->nbytes());
+    return v;
+}
+
+std::vector<int32_t> golden::ints(const std::string& key) const {
+    const st_tensor* t = f_.find(key);
+    if (!t) fail("golden: no tensor %s", key.c_str());
+    if (t->type != dtype::i32) fail("golden: %s is %s, expected I32", key.c_str(), dtype_name(t->type));
+    std::vector<int32_t> v((size_t)t->numel());
+    memcpy(v.data(), t->data, t->nbytes());
+    return v;
+}
+
+std::vector<int64_t> golden::shape(const std::string& key) const {
+    const st_tensor* t = f_.find(key);
+    return t ? t->shape : std::vector<int64_t>{};
+}
+
+engine& cpu_engine(const std::string& model_dir) {
+    static std::mutex mu;
+    static std::map<std::string, std::unique_ptr<engine>> engines;
+    std::lock_guard<std::mutex> lk(mu);
+    auto& e = engines[model_dir];
+    if (!e) {
+        engine_options o;
+        o.model_dir = model_dir;
+        o.backend = "cpu";
+        e = std::make_unique<engine>(o);
+    }
+    return *e;
+}
+
+}  // namespace tansy::test

@@ -1,0 +1,28 @@
+// Reading golden tensors (tiny-reference.safetensors and friends) and running the CPU engine on fixtures.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loader/safetensors.h"
+#include "runtime/engine.h"
+#include "test_util.h"
+
+namespace tansy::test {
+
+class golden {
+  public:
+    explicit golden(const std::string& path) : f_(path) {}
+    bool has(const std::string& key) const { return f_.find(key) != nullptr; }
+    std::vector<float> floats(const std::string& key) const;
+    std::vector<int32_t> ints(const std::string& key) const;
+    std::vector<int64_t> shape(const std::string& key) const;
+
+  private:
+    st_file f_;
+};
+
+// One engine per model directory, shared by the tests of a process (loading is cheap, but not free).
+engine& cpu_engine(const std::string& model_dir);
+
+}  // namespace tansy::test
