@@ -21,6 +21,7 @@ const command k_commands[] = {
     {"generate", cmd_generate, "prefill token ids, then decode N tokens (greedy or sampled)"},
     {"logits", cmd_logits, "write the full-prompt logits of token ids to a safetensors file"},
     {"eval", cmd_eval, "teacher-forced perplexity, top-1 agreement and KL against reference logits"},
+    {"convert", cmd_convert, "quantise a bf16 checkpoint to the MLX 4-bit layout"},
     {"info", cmd_info, "describe a checkpoint: layout, configuration, sizes"},
 };
 

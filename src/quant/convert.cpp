@@ -1,0 +1,338 @@
+#include "quant/convert.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "loader/checkpoint.h"
+#include "loader/load_model.h"
+#include "loader/safetensors.h"
+
+namespace tansy {
+
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// One output tensor: its header entry and how to produce its bytes when its turn comes.
+struct out_tensor {
+    st_out_tensor hdr;
+    uint64_t bytes = 0;
+    std::function<void(std::vector<uint8_t>&)> produce;
+};
+
+// The three tensors of one quantised module are produced together (the quantisation runs once) and written
+// one after the other; `pending` holds the later two.
+struct quant_module {
+    const matrix* m = nullptr;
+    int64_t lead = 0;  // >0: the matrix is `lead` stacked experts (rows = lead * out)
+    int bits = 0;
+    quantized_rows q;
+    bool done = false;
+};
+
+std::vector<uint8_t> as_bytes(const void* p, size_t n) {
+    return std::vector<uint8_t>((const uint8_t*)p, (const uint8_t*)p + n);
+}
+
+class mlx_writer {
+  public:
+    mlx_writer(const model& m, const convert_options& o) : m_(m), o_(o) {}
+
+    std::vector<out_tensor> plan() {
+        const model_config& c = m_.cfg;
+        const model_weights& w = m_.w;
+        const std::string P = "language_model.model.";
+        quantized(P + "embed_tokens", {&w.embed}, o_.bits);
+        if (!c.tie_embeddings) quantized("language_model.lm_head", {&w.lm_head}, o_.bits);
+        f32_vector(P + "norm.weight", w.final_norm, {c.hidden});
+        for (size_t i = 0; i < w.layers.size(); i++) {
+            const layer_weights& l = w.layers[i];
+            const std::string p = P + "layers." + std::to_string(i) + ".";
+            f32_vector(p + "input_layernorm.weight", l.input_norm, {c.hidden});
+            f32_vector(p + "post_attention_layernorm.weight", l.post_norm, {c.hidden});
+            if (l.kind == layer_kind::full_attention) {
+                quantized(p + "self_attn.q_proj", {&l.attn.q_proj}, o_.bits);
+                quantized(p + "self_attn.k_proj", {&l.attn.k_proj}, o_.bits);
+                quantized(p + "self_attn.v_proj", {&l.attn.v_proj}, o_.bits);
+                quantized(p + "self_attn.o_proj", {&l.attn.o_proj}, o_.bits);
+                f32_vector(p + "self_attn.q_norm.weight", l.attn.q_norm, {c.head_dim});
+                f32_vector(p + "self_attn.k_norm.weight", l.attn.k_norm, {c.head_dim});
+            } else {
+                const std::string a = p + "linear_attn.";
+                quantized(a + "in_proj_qkv", {&l.gdn.in_qkv}, o_.bits);
+                quantized(a + "in_proj_z", {&l.gdn.in_z}, o_.bits);
+                quantized(a + "in_proj_b", {&l.gdn.in_b}, o_.bits);
+                quantized(a + "in_proj_a", {&l.gdn.in_a}, o_.bits);
+                quantized(a + "out_proj", {&l.gdn.out_proj}, o_.bits);
+                small_vector(a + "conv1d.weight", l.gdn.conv, {c.lin_conv_dim(), c.conv_kernel, 1});  // MLX [C,K,1]
+                small_vector(a + "dt_bias", l.gdn.dt_bias, {c.lin_v_heads});
+                f32_vector(a + "A_log", l.gdn.A_log, {c.lin_v_heads});  // mlx keeps A_log in fp32
+                small_vector(a + "norm.weight", l.gdn.norm, {c.lin_v_dim});
+            }
+            const std::string mm = p + "mlp.";
+            quantized(mm + "gate", {&l.moe.router}, 8);
+            quantized(mm + "shared_expert_gate", {&l.moe.shared_expert_gate}, 8);
+            quantized(mm + "shared_expert.gate_proj", {&l.moe.shared_gate}, o_.bits);
+            quantized(mm + "shared_expert.up_proj", {&l.moe.shared_up}, o_.bits);
+            quantized(mm + "shared_expert.down_proj", {&l.moe.shared_down}, o_.bits);
+            quantized(mm + "switch_mlp.gate_proj", ptrs(l.moe.gate), o_.bits);
+            quantized(mm + "switch_mlp.up_proj", ptrs(l.moe.up), o_.bits);
+            quantized(mm + "switch_mlp.down_proj", ptrs(l.moe.down), o_.bits);
+        }
+        return std::move(out_);
+    }
+
+    const std::vector<std::string>& eight_bit_modules() const { return eight_bit_; }
+
+  private:
+    const model& m_;
+    const convert_options& o_;
+    std::vector<out_tensor> out_;
+    std::vector<std::string> eight_bit_;
+    std::vector<std::unique_ptr<quant_module>> modules_;
+
+    static std::vector<const matrix*> ptrs(const std::vector<matrix>& v) {
+        std::vector<const matrix*> p;
+        for (const matrix& m : v) p.push_back(&m);
+        return p;
+    }
+
+    void add(const std::string& name, dtype t, std::vector<int64_t> shape, std::function<void(std::vector<uint8_t>&)> f) {
+        uint64_t n = dtype_size(t);
+        for (int64_t d : shape) n *= (uint64_t)d;
+        out_.push_back({{name, t, std::move(shape), nullptr}, n, std::move(f)});
+    }
+
+    // Zero-centred norms (already 1+w, the MLX convention) and A_log: fp32.
+    void f32_vector(const std::string& name, const std::vector<float>& v, std::vector<int64_t> shape) {
+        add(name, dtype::f32, std::move(shape), [&v](std::vector<uint8_t>& b) { b = as_bytes(v.data(), v.size() * 4); });
+    }
+
+    // Other unquantised tensors: bf16 when that is lossless (it is for a bf16 source), else fp32.
+    void small_vector(const std::string& name, const std::vector<float>& v, std::vector<int64_t> shape) {
+        bool exact = true;
+        for (float x : v) exact = exact && bf16_to_f32(f32_to_bf16(x)) == x;
+        if (!exact) return f32_vector(name, v, std::move(shape));
+        add(name, dtype::bf16, std::move(shape), [&v](std::vector<uint8_t>& b) {
+            std::vector<uint16_t> h(v.size());
+            for (size_t i = 0; i < v.size(); i++) h[i] = f32_to_bf16(v[i]);
+            b = as_bytes(h.data(), h.size() * 2);
+        });
+    }
+
+    // One linear module (or E stacked experts of identical shape) -> weight/scales/biases.
+    void quantized(const std::string& module, std::vector<const matrix*> parts, int bits) {
+        const matrix& first = *parts[0];
+        for (const matrix* p : parts)
+            if (p->fmt != wfmt::dense)
+                fail("%s: '%s' is already quantised; convert needs a bf16/f16/f32 checkpoint", m_.dir.c_str(),
+                     p->name.c_str());
+        const int64_t rows = first.rows, cols = first.cols, E = parts.size() > 1 ? (int64_t)parts.size() : 0;
+        std::vector<int64_t> lead = E ? std::vector<int64_t>{E} : std::vector<int64_t>{};
+        auto dims = [&](int64_t r, int64_t c) {
+            auto d = lead;
+            d.push_back(r);
+            d.push_back(c);
+            return d;
+        };
+        if (cols % o_.group != 0) {  // MLX leaves such layers unquantised too
+            add(module + ".weight", dtype::bf16, dims(rows, cols), [parts, rows, cols](std::vector<uint8_t>& b) {
+                std::vector<float> row((size_t)cols);
+                std::vector<uint16_t> h;
+                for (const matrix* p : parts)
+                    for (int64_t r = 0; r < rows; r++) {
+                        p->row_f32(r, row.data());
+                        for (float x : row) h.push_back(f32_to_bf16(x));
+                    }
+                b = as_bytes(h.data(), h.size() * 2);
+            });
+            return;
+        }
+        if (bits != o_.bits) eight_bit_.push_back(module);
+        auto* qm = modules_.emplace_back(std::make_unique<quant_module>()).get();
+        const int group = o_.group;
+        const quant_method method = o_.method;
+        auto run = [qm, parts, rows, cols, bits, group, method]() {
+            if (qm->done) return;
+            std::vector<float> w((size_t)(parts.size() * rows * cols));
+            for (size_t e = 0; e < parts.size(); e++)
+                for (int64_t r = 0; r < rows; r++) parts[e]->row_f32(r, &w[(e * rows + r) * cols]);
+            quantize_rows(w.data(), (int64_t)parts.size() * rows, cols, bits, group, method, &qm->q);
+            qm->done = true;
+        };
+        add(module + ".weight", dtype::u32, dims(rows, cols * bits / 32), [qm, run](std::vector<uint8_t>& b) {
+            run();
+            b = as_bytes(qm->q.packed.data(), qm->q.packed.size() * 4);
+        });
+        add(module + ".scales", dtype::bf16, dims(rows, cols / group), [qm, run](std::vector<uint8_t>& b) {
+            run();
+            b = as_bytes(qm->q.scales.data(), qm->q.scales.size() * 2);
+        });
+        add(module + ".biases", dtype::bf16, dims(rows, cols / group), [qm, run](std::vector<uint8_t>& b) {
+            run();
+            b = as_bytes(qm->q.biases.data(), qm->q.biases.size() * 2);
+            qm->q = {};  // the module is fully written: free it
+        });
+    }
+};
+
+class progress_bar {
+  public:
+    progress_bar(bool on, uint64_t total) : on_(on && total > 0), tty_(isatty(2)), total_(total) {}
+    void update(uint64_t done, const std::string& what) {
+        if (!on_) return;
+        const int pct = (int)(100.0 * (double)done / (double)total_);
+        if (!tty_ && pct < last_ + 10 && done < total_) return;
+        last_ = pct;
+        const int w = 30, fill = pct * w / 100;
+        fprintf(stderr, "%sconvert [%.*s%*s] %3d%% %s%s", tty_ ? "\r" : "", fill, "##############################",
+                w - fill, "", pct, what.substr(0, 60).c_str(), tty_ ? "\033[K" : "\n");
+        if (tty_ && done >= total_) fputc('\n', stderr);
+    }
+
+  private:
+    bool on_, tty_;
+    uint64_t total_;
+    int last_ = -100;
+};
+
+void write_shard(const std::string& path, std::vector<out_tensor*>& ts, progress_bar& bar, uint64_t& done,
+                 uint64_t& written) {
+    std::vector<st_out_tensor> hdrs;
+    for (out_tensor* t : ts) hdrs.push_back(t->hdr);
+    const std::string h = serialize_safetensors_header(hdrs, {{"format", "mlx"}});
+    const std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) fail("%s: cannot create: %s", tmp.c_str(), strerror(errno));
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)h.size() >> (8 * i));
+    bool ok = fwrite(len, 1, 8, f) == 8 && fwrite(h.data(), 1, h.size(), f) == h.size();
+    std::vector<uint8_t> bytes;
+    for (out_tensor* t : ts) {
+        t->produce(bytes);
+        TANSY_CHECK(bytes.size() == t->bytes, "%s: produced %zu bytes, header says %llu", t->hdr.name.c_str(),
+                    bytes.size(), (unsigned long long)t->bytes);
+        ok = ok && (bytes.empty() || fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+        written += bytes.size();
+        bar.update(++done, t->hdr.name);
+    }
+    ok = fclose(f) == 0 && ok;
+    if (!ok) {
+        remove(tmp.c_str());
+        fail("%s: write failed: %s", path.c_str(), strerror(errno));
+    }
+    if (rename(tmp.c_str(), path.c_str()) != 0) fail("%s: cannot rename into place", path.c_str());
+}
+
+void copy_file(const std::string& from, const std::string& to) {
+    FILE* in = fopen(from.c_str(), "rb");
+    if (!in) fail("%s: cannot open: %s", from.c_str(), strerror(errno));
+    FILE* out = fopen(to.c_str(), "wb");
+    if (!out) {
+        fclose(in);
+        fail("%s: cannot create: %s", to.c_str(), strerror(errno));
+    }
+    char buf[1 << 16];
+    size_t n;
+    bool ok = true;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) ok = ok && fwrite(buf, 1, n, out) == n;
+    fclose(in);
+    ok = fclose(out) == 0 && ok;
+    if (!ok) fail("%s: write failed", to.c_str());
+}
+
+ojson mlx_config(const std::string& src_dir, const model_config& c, const convert_options& o,
+                 const std::vector<std::string>& eight_bit) {
+    ojson cfg = ojson::parse(read_text_file(src_dir + "/config.json"));
+    if (!cfg.contains("text_config")) {  // text-only source: wrap into the release form MLX tools read
+        ojson text = cfg;
+        text.erase("architectures");
+        text.erase("transformers_version");
+        text["model_type"] = "qwen3_5_moe_text";
+        cfg = ojson{{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
+                    {"model_type", "qwen3_5_moe"},
+                    {"tie_word_embeddings", c.tie_embeddings},
+                    {"text_config", text}};
+    }
+    ojson q = {{"group_size", o.group}, {"bits", o.bits}, {"mode", "affine"}};
+    std::vector<std::string> sorted = eight_bit;
+    std::sort(sorted.begin(), sorted.end());
+    for (const std::string& m : sorted) q[m] = {{"group_size", o.group}, {"bits", 8}};
+    cfg["quantization"] = q;
+    cfg["quantization_config"] = q;
+    return cfg;
+}
+
+}  // namespace
+
+convert_report convert_to_mlx(const convert_options& o) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (o.bits != 2 && o.bits != 4 && o.bits != 8) fail("convert: --bits must be 2, 4 or 8 (got %d)", o.bits);
+    if (o.group <= 0 || o.group % 32 != 0) fail("convert: --group-size must be a positive multiple of 32 (got %d)", o.group);
+    if (o.out.empty()) fail("convert: no output directory");
+    model m = load_model(o.src);
+    if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) fail("%s: cannot create: %s", o.out.c_str(), strerror(errno));
+    if (!dir_exists(o.out)) fail("%s: not a directory", o.out.c_str());
+    if (file_exists(o.out + "/config.json"))
+        fail("%s already holds a checkpoint (config.json); choose an empty directory", o.out.c_str());
+
+    mlx_writer w(m, o);
+    std::vector<out_tensor> plan = w.plan();
+    // Shards of at most shard_bytes (each holds at least one tensor).
+    std::vector<std::vector<out_tensor*>> shards(1);
+    uint64_t in_shard = 0;
+    for (out_tensor& t : plan) {
+        if (!shards.back().empty() && in_shard + t.bytes > o.shard_bytes) shards.emplace_back(), in_shard = 0;
+        shards.back().push_back(&t);
+        in_shard += t.bytes;
+    }
+    convert_report rep;
+    rep.tensors = (int64_t)plan.size();
+    rep.files = (int64_t)shards.size();
+    rep.bytes_in = m.ckpt->total_bytes();
+    progress_bar bar(o.progress, plan.size());
+    uint64_t done = 0;
+    ojson wmap = ojson::object();
+    for (size_t s = 0; s < shards.size(); s++) {
+        char name[64];
+        if (shards.size() == 1)
+            snprintf(name, sizeof name, "model.safetensors");
+        else
+            snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+        write_shard(o.out + "/" + name, shards[s], bar, done, rep.bytes_out);
+        for (out_tensor* t : shards[s]) wmap[t->hdr.name] = name;
+    }
+    ojson index = {{"metadata", {{"total_size", rep.bytes_out}}}, {"weight_map", wmap}};
+    FILE* f = fopen((o.out + "/model.safetensors.index.json").c_str(), "w");
+    if (!f) fail("%s: cannot write the index", o.out.c_str());
+    fputs(index.dump(2).c_str(), f);
+    fclose(f);
+    // Everything else (tokenizer, chat template, generation config) is copied as is.
+    if (DIR* d = opendir(o.src.c_str())) {
+        while (dirent* e = readdir(d)) {
+            const std::string n = e->d_name;
+            const bool skip = n == "config.json" || n == "model.safetensors.index.json" ||
+                              (n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0);
+            if (!skip && file_exists(o.src + "/" + n)) copy_file(o.src + "/" + n, o.out + "/" + n);
+        }
+        closedir(d);
+    }
+    // config.json last: its presence marks a complete checkpoint.
+    f = fopen((o.out + "/config.json").c_str(), "w");
+    if (!f) fail("%s: cannot write config.json", o.out.c_str());
+    fputs(mlx_config(o.src, m.cfg, o, w.eight_bit_modules()).dump(2).c_str(), f);
+    fclose(f);
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return rep;
+}
+
+}  // namespace tansy
