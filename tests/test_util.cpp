@@ -88,8 +88,8 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     return m;
 }
 
-int run_command(const std::string& cmd, std::string* output) {
-    std::string full = cmd + " 2>&1";
+int run_command(const std::string& cmd, std::string* output, bool merge_stderr) {
+    std::string full = merge_stderr ? cmd + " 2>&1" : cmd;
     FILE* p = popen(full.c_str(), "r");
     if (!p) return -1;
     char buf[4096];

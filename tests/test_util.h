@@ -30,7 +30,7 @@ std::vector<float> random_normal(size_t n, uint32_t seed, float stddev = 1.0f);
 double rel_error(const std::vector<float>& a, const std::vector<float>& b);
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 
-// Runs a shell command, returns its exit status and captures stdout+stderr.
-int run_command(const std::string& cmd, std::string* output);
+// Runs a shell command, returns its exit status and captures stdout (and stderr, when merge_stderr).
+int run_command(const std::string& cmd, std::string* output, bool merge_stderr = true);
 
 }  // namespace tansy::test

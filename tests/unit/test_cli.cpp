@@ -1,0 +1,93 @@
+// The tansy binary: help, one-line errors with a non-zero exit, and the commands other checks rely on.
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "loader/safetensors.h"
+#include "synth_model.h"
+#include "test_util.h"
+
+namespace {
+
+const std::string CLI = TANSY_CLI;
+
+int run(const std::string& args, std::string* out) { return tansy::test::run_command(CLI + " " + args, out); }
+
+int lines(const std::string& s) {
+    int n = 0;
+    for (char c : s) n += c == '\n';
+    return n;
+}
+
+std::string stdout_only(const std::string& args) {
+    std::string out;
+    EXPECT_EQ(tansy::test::run_command(CLI + " " + args + " 2>/dev/null", &out, false), 0) << args;
+    return out;
+}
+
+}  // namespace
+
+TEST(cli, help_and_unknown_commands) {
+    std::string out;
+    EXPECT_EQ(run("--help", &out), 0);
+    EXPECT_NE(out.find("generate"), std::string::npos);
+    EXPECT_EQ(run("frobnicate", &out), 2);
+    for (const char* c : {"logits", "generate", "eval", "info", "convert"}) {
+        EXPECT_EQ(run(std::string(c) + " --help", &out), 0) << c;
+        EXPECT_NE(out.find("usage: tansy"), std::string::npos) << c;
+    }
+}
+
+TEST(cli, errors_are_one_line_with_exit_1) {
+    const std::string d = tansy::test::temp_dir("cli");
+    tansy::test::write_file(d + "/ids.txt", "1 2 3");
+    tansy::test::write_file(d + "/bad.txt", "1 2 x3");
+    tansy::test::write_file(d + "/big.txt", "1 2 999999");
+    const std::string cases[] = {
+        "logits --bogus 1",
+        "logits --ids-file /nonexistent --out " + d + "/x.safetensors",
+        "logits --ids-file " + d + "/bad.txt --out " + d + "/x.safetensors",
+        "logits --ids-file " + d + "/big.txt --out " + d + "/x.safetensors",
+        "logits --ids-file " + d + "/ids.txt",
+        "generate --model /nonexistent --ids-file " + d + "/ids.txt",
+        "generate --ids-file " + d + "/ids.txt -n",
+        "generate --ids-file " + d + "/ids.txt -n ten",
+        "generate --ids-file " + d + "/ids.txt --backend tpu",
+        "eval --ids-file " + d + "/ids.txt --reference /nonexistent.safetensors --reference-key x",
+        "convert --model /nonexistent --out " + d + "/conv",
+    };
+    for (const std::string& c : cases) {
+        std::string out;
+        EXPECT_EQ(run(c, &out), 1) << c << "\n" << out;
+        EXPECT_EQ(lines(out), 1) << c << "\n" << out;
+        EXPECT_EQ(out.rfind("tansy", 0), 0u) << out;
+    }
+}
+
+TEST(cli, logits_generate_eval_on_the_mlx_fixture) {
+    const std::string m = tansy::test::fixture("tiny-qwen35moe-mlx4");
+    if (m.empty()) GTEST_SKIP();
+    const std::string d = tansy::test::temp_dir("cli2");
+    tansy::test::write_file(d + "/ids.txt", "220 5 7 11 13\n17 19 23");
+    stdout_only("logits --model " + m + " --ids-file " + d + "/ids.txt --out " + d + "/l.safetensors");
+    tansy::st_file f(d + "/l.safetensors");
+    ASSERT_NE(f.find("logits"), nullptr);
+    EXPECT_EQ(f.find("logits")->shape, (std::vector<int64_t>{8, 4096}));
+    EXPECT_EQ(f.find("logits")->type, tansy::dtype::f32);
+
+    std::string g1 = stdout_only("generate --model " + m + " --ids-file " + d + "/ids.txt -n 5 --greedy --output-ids");
+    std::string g2 = stdout_only("generate --model " + m + " --ids-file " + d + "/ids.txt -n 5 --greedy --output-ids --threads 1");
+    EXPECT_EQ(g1, g2);
+    EXPECT_EQ(lines(g1), 1);
+    int n = 0;
+    for (size_t i = 0; i < g1.size(); i++) n += g1[i] != ' ' && g1[i] != '\n' && (i == 0 || g1[i - 1] == ' ');
+    EXPECT_EQ(n, 5) << g1;
+
+    // eval: the file's own logits as the reference -> perfect agreement, zero KL
+    std::string js = stdout_only("eval --model " + m + " --ids-file " + d + "/ids.txt --reference " + d +
+                                 "/l.safetensors --reference-key logits --json");
+    auto j = nlohmann::json::parse(js);
+    EXPECT_EQ(j["positions"], 7);
+    EXPECT_GT(j["perplexity"].get<double>(), 1.0);
+    EXPECT_EQ(j["references"][0]["top1_agreement"], 1.0);
+    EXPECT_LT(j["references"][0]["mean_kl"].get<double>(), 1e-9);
+}
