@@ -232,26 +232,61 @@ std::string serialize_safetensors_header(const std::vector<st_out_tensor>& tenso
     return h;
 }
 
-void write_safetensors(const std::string& path, const std::vector<st_out_tensor>& tensors,
-                       const std::vector<std::pair<std::string, std::string>>& metadata) {
-    std::string h = serialize_safetensors_header(tensors, metadata);
-    std::string tmp = path + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) fail("%s: cannot create: %s", tmp.c_str(), strerror(errno));
+st_writer::st_writer(const std::string& path, const std::vector<st_out_tensor>& tensors,
+                     const std::vector<std::pair<std::string, std::string>>& metadata)
+    : path_(path), tmp_(path + ".tmp") {
+    const std::string h = serialize_safetensors_header(tensors, metadata);
+    for (const st_out_tensor& t : tensors) {
+        uint64_t n = dtype_size(t.type);
+        for (int64_t d : t.shape) n *= (uint64_t)d;
+        sizes_.push_back(n);
+    }
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    if (!f_) fail("%s: cannot create: %s", tmp_.c_str(), strerror(errno));
     uint8_t len[8];
     for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)h.size() >> (8 * i));
-    bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+    if (std::fwrite(len, 1, 8, f_) != 8 || std::fwrite(h.data(), 1, h.size(), f_) != h.size())
+        fail("%s: write failed: %s", tmp_.c_str(), strerror(errno));
+}
+
+st_writer::~st_writer() {
+    if (f_) {
+        std::fclose(f_);
+        std::remove(tmp_.c_str());
+    }
+}
+
+void st_writer::write(const void* data, size_t bytes) {
+    TANSY_CHECK(next_ < sizes_.size(), "more tensors written than declared");
+    TANSY_CHECK(bytes == sizes_[next_], "tensor %zu: %zu bytes written, %llu declared", next_, bytes,
+                (unsigned long long)sizes_[next_]);
+    next_++;
+    if (bytes && std::fwrite(data, 1, bytes, f_) != bytes) fail("%s: write failed: %s", tmp_.c_str(), strerror(errno));
+}
+
+void st_writer::finish() {
+    TANSY_CHECK(next_ == sizes_.size(), "%zu of %zu tensors written", next_, sizes_.size());
+    FILE* f = f_;
+    f_ = nullptr;
+    if (std::fclose(f) != 0) {
+        std::remove(tmp_.c_str());
+        fail("%s: write failed: %s", path_.c_str(), strerror(errno));
+    }
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+        std::remove(tmp_.c_str());
+        fail("%s: cannot rename into place: %s", path_.c_str(), strerror(errno));
+    }
+}
+
+void write_safetensors(const std::string& path, const std::vector<st_out_tensor>& tensors,
+                       const std::vector<std::pair<std::string, std::string>>& metadata) {
+    st_writer w(path, tensors, metadata);
     for (const st_out_tensor& t : tensors) {
         size_t n = dtype_size(t.type);
         for (int64_t d : t.shape) n *= (size_t)d;
-        ok = ok && (n == 0 || std::fwrite(t.data, 1, n, f) == n);
+        w.write(t.data, n);
     }
-    ok = (std::fclose(f) == 0) && ok;
-    if (!ok) {
-        std::remove(tmp.c_str());
-        fail("%s: write failed: %s", path.c_str(), strerror(errno));
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("%s: cannot rename into place: %s", path.c_str(), strerror(errno));
+    w.finish();
 }
 
 }  // namespace tansy

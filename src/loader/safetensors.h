@@ -3,6 +3,7 @@
 // "__metadata__": {str: str}}, then the data section; offsets are relative to the start of the data section.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -88,5 +89,25 @@ std::string serialize_safetensors_header(const std::vector<st_out_tensor>& tenso
                                          const std::vector<std::pair<std::string, std::string>>& metadata);
 void write_safetensors(const std::string& path, const std::vector<st_out_tensor>& tensors,
                        const std::vector<std::pair<std::string, std::string>>& metadata = {});
+
+// Streaming writer: the header is written from the tensors' dtypes and shapes (their data pointers are not
+// used), then each tensor's bytes are appended in order with write(). The file appears under its name only
+// when finish() succeeds (written to PATH.tmp, then renamed); a writer destroyed before that removes it.
+class st_writer {
+  public:
+    st_writer(const std::string& path, const std::vector<st_out_tensor>& tensors,
+              const std::vector<std::pair<std::string, std::string>>& metadata = {});
+    ~st_writer();
+    st_writer(const st_writer&) = delete;
+    st_writer& operator=(const st_writer&) = delete;
+    void write(const void* data, size_t bytes);  // the next tensor's bytes (exactly its size)
+    void finish();
+
+  private:
+    std::string path_, tmp_;
+    FILE* f_ = nullptr;
+    std::vector<uint64_t> sizes_;
+    size_t next_ = 0;
+};
 
 }  // namespace tansy

@@ -209,28 +209,15 @@ void write_shard(const std::string& path, std::vector<out_tensor*>& ts, progress
                  uint64_t& written) {
     std::vector<st_out_tensor> hdrs;
     for (out_tensor* t : ts) hdrs.push_back(t->hdr);
-    const std::string h = serialize_safetensors_header(hdrs, {{"format", "mlx"}});
-    const std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) fail("%s: cannot create: %s", tmp.c_str(), strerror(errno));
-    uint8_t len[8];
-    for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)h.size() >> (8 * i));
-    bool ok = fwrite(len, 1, 8, f) == 8 && fwrite(h.data(), 1, h.size(), f) == h.size();
+    st_writer w(path, hdrs, {{"format", "mlx"}});
     std::vector<uint8_t> bytes;
     for (out_tensor* t : ts) {
         t->produce(bytes);
-        TANSY_CHECK(bytes.size() == t->bytes, "%s: produced %zu bytes, header says %llu", t->hdr.name.c_str(),
-                    bytes.size(), (unsigned long long)t->bytes);
-        ok = ok && (bytes.empty() || fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+        w.write(bytes.data(), bytes.size());
         written += bytes.size();
         bar.update(++done, t->hdr.name);
     }
-    ok = fclose(f) == 0 && ok;
-    if (!ok) {
-        remove(tmp.c_str());
-        fail("%s: write failed: %s", path.c_str(), strerror(errno));
-    }
-    if (rename(tmp.c_str(), path.c_str()) != 0) fail("%s: cannot rename into place", path.c_str());
+    w.finish();
 }
 
 void copy_file(const std::string& from, const std::string& to) {

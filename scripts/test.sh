@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds, and runs every test:
+#   1. Release build: ctest labels unit, model, cuda (CUDA tests skip themselves without a GPU)
+#   2. ASan + UBSan build (clang): unit and model tests, plus the libFuzzer targets for a fixed time (label fuzz)
+# FAST=1 skips stage 2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+scripts/install-deps.sh
+scripts/build.sh
+ctest --test-dir build --output-on-failure -j"$jobs" -L 'unit|model|cuda'
+if [ "${FAST:-0}" = 1 ]; then exit 0; fi
+CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANSY_SANITIZE=ON \
+  -DTANSY_FUZZ=ON -DTANSY_CUDA=OFF >/dev/null
+cmake --build build-asan
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+ctest --test-dir build-asan --output-on-failure -j"$jobs" -L 'unit|model|fuzz'
+echo "test.sh: all tests passed"
