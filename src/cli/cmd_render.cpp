@@ -1,29 +1,19 @@
 // tansy render: an OpenAI-style chat request -> the prompt text the model sees (Qwen3.6 chat template).
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
 #include "core/check.h"
+#include "model/config.h"  // read_text_file
 #include "runtime/engine.h"
 #include "tokenizer/chat_template.h"
 
 namespace tansy {
 
 namespace {
-
-std::string read_text_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) fail("render: cannot open '%s'", path.c_str());
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    if (f.bad()) fail("render: cannot read '%s'", path.c_str());
-    return ss.str();
-}
 
 nlohmann::ordered_json parse_request(const std::string& text, const std::string& path) {
     try {

@@ -22,6 +22,7 @@ const command k_commands[] = {
     {"logits", cmd_logits, "write the full-prompt logits of token ids to a safetensors file"},
     {"eval", cmd_eval, "teacher-forced perplexity, top-1 agreement and KL against reference logits"},
     {"convert", cmd_convert, "quantise a bf16 checkpoint to the MLX 4-bit layout"},
+    {"render", cmd_render, "print the prompt an OpenAI-style chat request renders to (Qwen3.6 chat template)"},
     {"info", cmd_info, "describe a checkpoint: layout, configuration, sizes"},
 };
 

@@ -27,8 +27,8 @@ namespace {
 // UTF-8 helpers (lenient: an invalid byte counts as one non-space, non-printable unit, so nothing crashes)
 
 struct code_point {
-    int32_t cp;    // -1 for an invalid byte
-    size_t len;    // bytes
+    int32_t cp;  // -1 for an invalid byte
+    size_t len;  // bytes
 };
 
 code_point decode_at(std::string_view s, size_t i) {
@@ -66,16 +66,20 @@ bool py_isprintable(int32_t cp) {
     if (cp == ' ') return true;
     if (cp < 0) return false;
     switch (utf8proc_category(cp)) {
-        case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_CS: case UTF8PROC_CATEGORY_CO:
-        case UTF8PROC_CATEGORY_CN: case UTF8PROC_CATEGORY_ZL: case UTF8PROC_CATEGORY_ZP: case UTF8PROC_CATEGORY_ZS:
-            return false;
-        default:
-            return true;
+        case UTF8PROC_CATEGORY_CC:
+        case UTF8PROC_CATEGORY_CF:
+        case UTF8PROC_CATEGORY_CS:
+        case UTF8PROC_CATEGORY_CO:
+        case UTF8PROC_CATEGORY_CN:
+        case UTF8PROC_CATEGORY_ZL:
+        case UTF8PROC_CATEGORY_ZP:
+        case UTF8PROC_CATEGORY_ZS: return false;
+        default: return true;
     }
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Python string methods used by the template (T:98-99)
+// Python string methods used by the template (T:95-96)
 
 std::string lstrip_newlines(std::string_view s) {
     size_t b = s.find_first_not_of('\n');
@@ -100,7 +104,9 @@ std::string_view after_last(std::string_view s, std::string_view sep) {
 }
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-bool ends_with(std::string_view s, std::string_view p) { return s.size() >= p.size() && s.substr(s.size() - p.size()) == p; }
+bool ends_with(std::string_view s, std::string_view p) {
+    return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
+}
 
 // Python repr(str): single quotes unless the text has ' and no ", escapes per unicode_repr().
 std::string py_repr_string(std::string_view s) {
@@ -109,21 +115,42 @@ std::string py_repr_string(std::string_view s) {
     for (size_t i = 0; i < s.size();) {
         code_point c = decode_at(s, i);
         const int32_t cp = c.cp < 0 ? (unsigned char)s[i] : c.cp;  // a stray byte shows as \xNN
-        if (cp == quote || cp == '\\') out += '\\', out += (char)cp;
-        else if (cp == '\t') out += "\\t";
-        else if (cp == '\n') out += "\\n";
-        else if (cp == '\r') out += "\\r";
-        else if (cp < ' ' || cp == 0x7f || c.cp < 0) out += strprintf("\\x%02x", cp);
-        else if (cp < 0x7f || py_isprintable(cp)) out.append(s.substr(i, c.len));
-        else if (cp <= 0xff) out += strprintf("\\x%02x", cp);
-        else if (cp <= 0xffff) out += strprintf("\\u%04x", cp);
-        else out += strprintf("\\U%08x", cp);
+        if (cp == quote || cp == '\\')
+            out += '\\', out += (char)cp;
+        else if (cp == '\t')
+            out += "\\t";
+        else if (cp == '\n')
+            out += "\\n";
+        else if (cp == '\r')
+            out += "\\r";
+        else if (cp < ' ' || cp == 0x7f || c.cp < 0)
+            out += strprintf("\\x%02x", cp);
+        else if (cp < 0x7f || py_isprintable(cp))
+            out.append(s.substr(i, c.len));
+        else if (cp <= 0xff)
+            out += strprintf("\\x%02x", cp);
+        else if (cp <= 0xffff)
+            out += strprintf("\\u%04x", cp);
+        else
+            out += strprintf("\\U%08x", cp);
         i += c.len;
     }
     return out + quote;
 }
 
-std::string py_repr(const json& v) { return v.is_string() ? py_repr_string(v.get_ref<const std::string&>()) : py_str(v); }
+// Python's json.dumps and repr() stop at the interpreter's recursion limit (1000 by default); so do we, which
+// also keeps a hostile request from overflowing the stack.
+constexpr int k_max_depth = 1000;
+
+void check_depth(int depth) {
+    if (depth > k_max_depth) fail("chat template: JSON value nested deeper than %d levels", k_max_depth);
+}
+
+std::string py_str_at(const json& v, int depth);
+
+std::string py_repr(const json& v, int depth) {
+    return v.is_string() ? py_repr_string(v.get_ref<const std::string&>()) : py_str_at(v, depth);
+}
 
 // json.dumps string encoding with ensure_ascii=False (Lib/json/encoder.py ESCAPE_DCT).
 void json_quote(std::string_view s, std::string& out) {
@@ -139,14 +166,17 @@ void json_quote(std::string_view s, std::string& out) {
             case '\b': out += "\\b"; break;
             case '\f': out += "\\f"; break;
             default:
-                if (c < 0x20) out += strprintf("\\u%04x", c);
-                else out += ch;
+                if (c < 0x20)
+                    out += strprintf("\\u%04x", c);
+                else
+                    out += ch;
         }
     }
     out += '"';
 }
 
-void json_dump_to(const json& v, std::string& out) {
+void json_dump_to(const json& v, std::string& out, int depth) {
+    check_depth(depth);
     switch (v.type()) {
         case json::value_t::null: out += "null"; return;
         case json::value_t::boolean: out += v.get<bool>() ? "true" : "false"; return;
@@ -154,9 +184,12 @@ void json_dump_to(const json& v, std::string& out) {
         case json::value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); return;
         case json::value_t::number_float: {
             const double x = v.get<double>();
-            if (std::isnan(x)) out += "NaN";
-            else if (std::isinf(x)) out += x > 0 ? "Infinity" : "-Infinity";
-            else out += py_float_repr(x);
+            if (std::isnan(x))
+                out += "NaN";
+            else if (std::isinf(x))
+                out += x > 0 ? "Infinity" : "-Infinity";
+            else
+                out += py_float_repr(x);
             return;
         }
         case json::value_t::string: json_quote(v.get_ref<const std::string&>(), out); return;
@@ -166,7 +199,7 @@ void json_dump_to(const json& v, std::string& out) {
             for (const json& e : v) {
                 if (!first) out += ", ";
                 first = false;
-                json_dump_to(e, out);
+                json_dump_to(e, out, depth + 1);
             }
             out += ']';
             return;
@@ -179,7 +212,7 @@ void json_dump_to(const json& v, std::string& out) {
                 first = false;
                 json_quote(k, out);
                 out += ": ";
-                json_dump_to(e, out);
+                json_dump_to(e, out, depth + 1);
             }
             out += '}';
             return;
@@ -209,7 +242,8 @@ bool truthy(const json* v) {
         case json::value_t::number_integer: return v->get<int64_t>() != 0;
         case json::value_t::number_unsigned: return v->get<uint64_t>() != 0;
         case json::value_t::number_float: return v->get<double>() != 0.0;
-        case json::value_t::string:
+        // note: nlohmann's empty() is false for every string, so strings are checked by hand
+        case json::value_t::string: return !v->get_ref<const std::string&>().empty();
         case json::value_t::array:
         case json::value_t::object: return !v->empty();
         default: return true;
@@ -248,7 +282,7 @@ bool part_has(const json& item, const char* needle) {
 
 [[noreturn]] void raise_exception(const char* msg) { fail("chat template: %s", msg); }
 
-// T:51 (one string literal of the template, verbatim)
+// T:53 (one string literal of the template, verbatim)
 constexpr const char* k_tool_instructions =
     "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
     "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
@@ -266,7 +300,7 @@ class chat_renderer {
         : msgs_(messages), tools_(tools), opt_(opt) {}
 
     std::string render() {
-        if (msgs_.empty()) raise_exception("No messages provided.");  // T:43-45
+        if (msgs_.empty()) raise_exception("No messages provided.");  // T:42-44
         render_system_block();
         find_last_query();
         for (size_t i = 0; i < msgs_.size(); i++) render_message(i);
@@ -280,9 +314,9 @@ class chat_renderer {
 
     // macro render_content (T:3-41), before `|trim`.
     std::string render_content(const json* content, bool do_vision_count, bool is_system_content) {
-        if (!content || content->is_null()) return "";                                        // T:36-37
-        if (content->is_string()) return content->get<std::string>();                         // T:4-5
-        if (!content->is_array()) raise_exception("Unexpected content type.");                 // T:38-39
+        if (!content || content->is_null()) return "";                          // T:36-37
+        if (content->is_string()) return content->get<std::string>();           // T:4-5
+        if (!content->is_array()) raise_exception("Unexpected content type.");  // T:38-39
         std::string out;
         for (const json& item : *content) render_part(item, do_vision_count, is_system_content, out);
         return out;
@@ -307,7 +341,7 @@ class chat_renderer {
         }
     }
 
-    // `tools and tools is iterable and tools is not mapping` (T:46), then the block of T:47-65.
+    // `tools and tools is iterable and tools is not mapping` (T:45), then the block of T:46-60.
     void render_system_block() {
         const bool has_system = is_str(role(0), "system");
         if (truthy(&tools_) && (tools_.is_array() || tools_.is_string())) {
@@ -320,7 +354,7 @@ class chat_renderer {
                 if (!content.empty()) out_ += "\n\n" + content;
             }
             out_ += "<|im_end|>\n";
-        } else if (has_system) {  // T:60-64: an empty system message still gets its turn
+        } else if (has_system) {  // T:61-65: an empty system message still gets its turn
             out_ += "<|im_start|>system\n" + py_strip(render_content(attr(msgs_[0], "content"), false, true)) +
                     "<|im_end|>\n";
         }
@@ -341,7 +375,7 @@ class chat_renderer {
         }
     }
 
-    // T:66-79: the last user message that is not a wrapped <tool_response>, scanning from the end.
+    // T:67-80: the last user message that is not a wrapped <tool_response>, scanning from the end.
     void find_last_query() {
         for (size_t k = msgs_.size(); k-- > 0;) {
             if (!is_str(role(k), "user")) continue;
@@ -354,9 +388,9 @@ class chat_renderer {
         raise_exception("No user query found in messages.");
     }
 
-    // T:80-145
+    // T:81-146
     void render_message(size_t i) {
-        // note: content is rendered (and images counted) before the role is looked at, as in T:81.
+        // note: content is rendered (and images counted) before the role is looked at, as in T:82.
         std::string content = py_strip(render_content(attr(msgs_[i], "content"), true, false));
         const json* r = role(i);
         if (is_str(r, "system")) {
@@ -372,7 +406,7 @@ class chat_renderer {
         }
     }
 
-    // T:89-131
+    // T:89-130
     void render_assistant(size_t i, std::string content) {
         const json& m = msgs_[i];
         std::string reasoning;
@@ -385,39 +419,43 @@ class chat_renderer {
         }
         reasoning = py_strip(reasoning);  // T:99
         // T:100: only turns after the last real user query keep their reasoning, unless preserve_thinking is true
-        const bool preserve = opt_.variant == chat_template_variant::qwen3_6 && is_bool(kwarg("preserve_thinking"), true);
+        const bool preserve =
+            opt_.variant == chat_template_variant::qwen3_6 && is_bool(kwarg("preserve_thinking"), true);
         out_ += "<|im_start|>assistant\n";
         if (preserve || (int64_t)i > last_query_index_) out_ += "<think>\n" + reasoning + "\n</think>\n\n";
         out_ += content;
         const json* calls = attr(m, "tool_calls");
-        if (truthy(calls) && (calls->is_array() || calls->is_string())) render_tool_calls(*calls, content);
+        if (truthy(calls) && (calls->is_array() || calls->is_string())) render_tool_calls(i, *calls, content);
         out_ += "<|im_end|>\n";
     }
 
-    // T:106-129
-    void render_tool_calls(const json& calls, const std::string& content) {
+    // T:105-129
+    void render_tool_calls(size_t i, const json& calls, const std::string& content) {
         if (calls.is_string())  // Jinja would iterate its characters, and fail on the first one's missing name
-            fail("chat template: tool_calls is a string; it must be a list of objects");
+            fail("chat template: messages[%zu].tool_calls is a string; it must be a list of objects", i);
         for (size_t k = 0; k < calls.size(); k++) {
             const json* call = &calls[k];
-            if (const json* f = attr(*call, "function")) call = f;  // T:108-110: OpenAI form, else flat form
+            if (const json* f = attr(*call, "function")) call = f;  // T:107-109: OpenAI form, else flat form
             const json* name = attr(*call, "name");
             if (!name || !name->is_string())  // `'<function=' + tool_call.name` raises unless it is a string
-                fail("chat template: tool call %zu has no string 'name'", k);
-            if (k > 0) out_ += '\n';
-            else if (!py_strip(content).empty()) out_ += "\n\n";
+                fail("chat template: messages[%zu].tool_calls[%zu] has no string 'name'", i, k);
+            if (k > 0)
+                out_ += '\n';
+            else if (!py_strip(content).empty())
+                out_ += "\n\n";
             out_ += "<tool_call>\n<function=" + name->get<std::string>() + ">\n";
-            if (const json* args = attr(*call, "arguments")) render_arguments(*args, name->get<std::string>());
+            if (const json* args = attr(*call, "arguments"))
+                render_arguments(*args, strprintf("messages[%zu].tool_calls[%zu] ('%s')", i, k,
+                                                  name->get_ref<const std::string&>().c_str()));
             out_ += "</function>\n</tool_call>";
         }
     }
 
-    // T:120-126: `tool_call.arguments|items` needs a mapping.
-    void render_arguments(const json& args, const std::string& name) {
+    // T:119-126: `tool_call.arguments|items` needs a mapping.
+    void render_arguments(const json& args, const std::string& where) {
         if (!args.is_object())
-            fail("chat template: arguments of tool call '%s' is %s, not a JSON object (Can only get item pairs "
-                 "from a mapping.)%s",
-                 name.c_str(), std::string(type_word(args)).c_str(),
+            fail("chat template: %s: arguments is %s, not a JSON object (Can only get item pairs from a mapping.)%s",
+                 where.c_str(), std::string(type_word(args)).c_str(),
                  args.is_string() ? "; OpenAI-style string arguments must be parsed into an object first" : "");
         for (const auto& [key, value] : args.items()) {
             out_ += "<parameter=" + key + ">\n";
@@ -433,7 +471,7 @@ class chat_renderer {
         return py_json_dumps(v);
     }
 
-    // T:132-142: consecutive tool results share one user turn.
+    // T:131-142: consecutive tool results share one user turn.
     void render_tool(size_t i, const std::string& content) {
         // `loop.previtem and loop.previtem.role != "tool"`: a tool message first gets no user header (a quirk)
         if (i > 0 && truthy(&msgs_[i - 1]) && !is_str(role(i - 1), "tool")) out_ += "<|im_start|>user";
@@ -452,7 +490,7 @@ class chat_renderer {
     const chat_options& opt_;
     std::string out_;
     int64_t image_count_ = 0, video_count_ = 0;  // T:1-2
-    int64_t last_query_index_ = -1;              // T:66 ns.last_query_index
+    int64_t last_query_index_ = -1;              // T:67 ns.last_query_index
 };
 
 }  // namespace
@@ -488,11 +526,14 @@ std::string py_float_repr(double x) {
 
 std::string py_json_dumps(const json& v) {
     std::string out;
-    json_dump_to(v, out);
+    json_dump_to(v, out, 0);
     return out;
 }
 
-std::string py_str(const json& v) {
+namespace {
+
+std::string py_str_at(const json& v, int depth) {
+    check_depth(depth);
     switch (v.type()) {
         case json::value_t::null: return "None";
         case json::value_t::boolean: return v.get<bool>() ? "True" : "False";
@@ -502,14 +543,14 @@ std::string py_str(const json& v) {
         case json::value_t::string: return v.get<std::string>();
         case json::value_t::array: {
             std::string out = "[";
-            for (size_t i = 0; i < v.size(); i++) out += (i ? ", " : "") + py_repr(v[i]);
+            for (size_t i = 0; i < v.size(); i++) out += (i ? ", " : "") + py_repr(v[i], depth + 1);
             return out + "]";
         }
         case json::value_t::object: {
             std::string out = "{";
             bool first = true;
             for (const auto& [k, e] : v.items()) {
-                out += (first ? "" : ", ") + py_repr_string(k) + ": " + py_repr(e);
+                out += (first ? "" : ", ") + py_repr_string(k) + ": " + py_repr(e, depth + 1);
                 first = false;
             }
             return out + "}";
@@ -517,6 +558,10 @@ std::string py_str(const json& v) {
         default: fail("chat template: cannot print a JSON %s value", v.type_name());
     }
 }
+
+}  // namespace
+
+std::string py_str(const json& v) { return py_str_at(v, 0); }
 
 std::string py_strip(std::string_view s) {
     size_t b = 0, e = s.size();
@@ -581,7 +626,7 @@ json normalize_openai_tool_calls(const json& messages) {
         for (size_t k = 0; k < calls.size(); k++) {
             json* call = &calls[k];
             if (!call->is_object()) continue;
-            if (call->contains("function")) call = &(*call)["function"];  // same choice as the template (T:108)
+            if (call->contains("function")) call = &(*call)["function"];  // same choice as the template (T:107)
             if (!call->is_object() || !call->contains("arguments") || !(*call)["arguments"].is_string()) continue;
             const std::string& text = (*call)["arguments"].get_ref<const std::string&>();
             json parsed;
