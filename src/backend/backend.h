@@ -61,33 +61,43 @@ class backend {
     // A fresh, empty sequence state able to hold `capacity` tokens of KV cache.
     virtual std::unique_ptr<seq_state> new_state(int64_t capacity) = 0;
 
-    // ---- ops (all activations are [T, features], T = batch rows)
-    // out[t] = table[ids[t]] (ids int32 [T, 1])
-    virtual void embed(const tensor& out, const tensor& ids, const matrix& table) = 0;
+    // ---- ops (all activations are [T, features], T = batch rows; the residual stream x is [T, D])
+    // Ops are coarse on purpose: each is what a fast backend fuses into one or two kernels (the norm into the
+    // projection that follows it, the residual add into the matmul that produces it).
+
+    // x[t] = table[ids[t]] (ids int32 [T, 1])
+    virtual void embed(const tensor& x, const tensor& ids, const matrix& table) = 0;
     // out = in / rms(in) * w   (w is the applied multiplier)
     virtual void rms_norm(const tensor& out, const tensor& in, vec_view w, float eps) = 0;
-    // x += d
-    virtual void add(const tensor& x, const tensor& d) = 0;
-    // out[T, W.rows] = in[T, W.cols] W^T
-    virtual void matmul(const tensor& out, const tensor& in, const matrix& W) = 0;
+    // out[T, W.rows] = in[T, W.cols] W^T; with accumulate, out += that (a residual add)
+    virtual void matmul(const tensor& out, const tensor& in, const matrix& W, bool accumulate = false) = 0;
     // out[i] = in[rows[i]] (rows host-side)
     virtual void gather_rows(const tensor& out, const tensor& in, const std::vector<int64_t>& rows) = 0;
+
+    // The input projections of a mixer: a = rms_norm(x, norm); outs[i] = a W_i^T (all W_i share W.cols = D).
+    virtual void project(const std::vector<tensor>& outs, const tensor& x, vec_view norm, float eps,
+                         const std::vector<const matrix*>& Ws) = 0;
 
     // Gated full attention core (MODEL.md §3) from the projections to the input of o_proj:
     // qg [T, Hq*2*dh] (per head: query | gate), k/v [T, Hkv*dh]. Applies q/k norms and partial RoPE at each
     // row's position, appends k and v to the KV cache `slot` of each span's state, attends causally over the
-    // cache, multiplies by sigmoid(gate). out [T, Hq*dh]. k is modified in place (normed, rotated).
+    // cache, multiplies by sigmoid(gate). out [T, Hq*dh]. k may be modified in place.
     virtual void attention(const tensor& out, const tensor& qg, const tensor& k, const tensor& v,
                            const attn_weights& w, int slot, const std::vector<seq_span>& spans) = 0;
 
     // Gated DeltaNet core (MODEL.md §4) from the projections to the input of out_proj: qkv [T, C] raw
     // in_proj_qkv output, z [T, Hv*dv], b/a [T, Hv]. Runs the causal conv (state `slot`), SiLU, L2 norms,
-    // gates, the delta rule (updating S) and the gated RMSNorm. out [T, Hv*dv]. qkv is overwritten.
+    // gates, the delta rule (updating S) and the gated RMSNorm. out [T, Hv*dv]. qkv may be overwritten.
     virtual void gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
                      const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode mode) = 0;
 
-    // Sparse MoE block (MODEL.md §5): out = sum_topk w_i expert_i(x) + sigmoid(g.x) shared(x).
-    virtual void moe(const tensor& out, const tensor& x, const moe_weights& w) = 0;
+    // Sparse MoE block with its norm and residual (MODEL.md §5): x += MoE(rms_norm(x, norm)), where
+    // MoE(m) = sum_topk w_i expert_i(m) + sigmoid(g.m) shared(m).
+    virtual void moe(const tensor& x, vec_view norm, float eps, const moe_weights& w) = 0;
+
+    // Called once a forward step has updated every layer: states of the spans advance by their lengths
+    // (backends that keep positions on the device update them here).
+    virtual void end_step(const std::vector<seq_span>& spans) {}
 };
 
 std::unique_ptr<backend> make_cpu_backend(const model_config& cfg);

@@ -18,8 +18,6 @@ void forward_pass::reserve(int64_t T, int64_t n_logit_rows) {
         ids_ = be_.alloc(T, 1, dtype::i32);
         x_ = be_.alloc(T, c.hidden, at);
         a_ = be_.alloc(T, c.hidden, at);
-        mix_ = be_.alloc(T, c.hidden, at);
-        moe_out_ = be_.alloc(T, c.hidden, at);
         if (c.n_full_attention() > 0) {
             qg_ = be_.alloc(T, c.q_proj_rows(), at);
             k_ = be_.alloc(T, c.kv_dim(), at);
@@ -63,35 +61,28 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
     reserve(T, n_logits);
 
     auto rows = [T](const buffer& b) { return b.t().rows_view(0, T); };
-    const tensor x = rows(x_), a = rows(a_), mix = rows(mix_), mo = rows(moe_out_);
+    const tensor x = rows(x_), a = rows(a_);
 
     be_.embed(x, ids, W.embed);
     if (tap) tap("embed", -1, x);
     for (size_t i = 0; i < W.layers.size(); i++) {
         const layer_weights& l = W.layers[i];
-        be_.rms_norm(a, x, vv(l.input_norm), c.eps);
         if (l.kind == layer_kind::full_attention) {
             const tensor qg = rows(qg_), k = rows(k_), v = rows(v_), o = rows(attn_);
-            be_.matmul(qg, a, l.attn.q_proj);
-            be_.matmul(k, a, l.attn.k_proj);
-            be_.matmul(v, a, l.attn.v_proj);
+            be_.project({qg, k, v}, x, vv(l.input_norm), c.eps, {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj});
             be_.attention(o, qg, k, v, l.attn, slot_[i], spans);
-            be_.matmul(mix, o, l.attn.o_proj);
+            be_.matmul(x, o, l.attn.o_proj, /*accumulate=*/true);
         } else {
             const tensor qkv = rows(qkv_), z = rows(z_), b = rows(b_), ga = rows(gate_a_), o = rows(gdn_out_);
-            be_.matmul(qkv, a, l.gdn.in_qkv);
-            be_.matmul(z, a, l.gdn.in_z);
-            be_.matmul(b, a, l.gdn.in_b);
-            be_.matmul(ga, a, l.gdn.in_a);
+            be_.project({qkv, z, b, ga}, x, vv(l.input_norm), c.eps,
+                        {&l.gdn.in_qkv, &l.gdn.in_z, &l.gdn.in_b, &l.gdn.in_a});
             be_.gdn(o, qkv, z, b, ga, l.gdn, slot_[i], spans, gdn);
-            be_.matmul(mix, o, l.gdn.out_proj);
+            be_.matmul(x, o, l.gdn.out_proj, /*accumulate=*/true);
         }
-        be_.add(x, mix);
-        be_.rms_norm(a, x, vv(l.post_norm), c.eps);
-        be_.moe(mo, a, l.moe);
-        be_.add(x, mo);
+        be_.moe(x, vv(l.post_norm), c.eps, l.moe);
         if (tap) tap("layer", (int)i, x);
     }
+    be_.end_step(spans);
     for (const seq_span& s : spans) s.state->set_n_past(s.pos0 + s.n);
     if (which == logits_rows::none) return {};
 

@@ -45,7 +45,7 @@ class forward_pass {
     backend& be_;
     const model& m_;
     int64_t cap_ = 0, cap_logits_ = 0;
-    buffer ids_, x_, a_, mix_, qg_, k_, v_, attn_, qkv_, z_, b_, gate_a_, gdn_out_, moe_out_, sel_, logits_;
+    buffer ids_, x_, a_, qg_, k_, v_, attn_, qkv_, z_, b_, gate_a_, gdn_out_, sel_, logits_;
     std::vector<int> slot_;  // per layer: index among layers of its kind (KV cache or recurrent state)
 };
 

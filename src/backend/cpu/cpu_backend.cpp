@@ -95,19 +95,29 @@ class cpu_backend final : public backend {
         cpu::rms_norm(f32(out), f32(in), in.rows, in.cols, w.data, eps);
     }
 
-    void add(const tensor& x, const tensor& d) override {
-        TANSY_CHECK(x.numel() == d.numel(), "add shapes");
-        float* a = f32(x);
-        const float* b = f32(d);
-        for (int64_t i = 0; i < x.numel(); i++) a[i] += b[i];
-    }
-
-    void matmul(const tensor& out, const tensor& in, const matrix& W) override {
+    void matmul(const tensor& out, const tensor& in, const matrix& W, bool accumulate) override {
         TANSY_CHECK(in.cols == W.cols && out.cols == W.rows && out.rows == in.rows,
                     "matmul %s: in [%lld, %lld] out [%lld, %lld] W [%lld, %lld]", W.name.c_str(), (long long)in.rows,
                     (long long)in.cols, (long long)out.rows, (long long)out.cols, (long long)W.rows,
                     (long long)W.cols);
-        cpu::matmul(f32(out), f32(in), in.rows, W);
+        if (!accumulate) return cpu::matmul(f32(out), f32(in), in.rows, W);
+        std::vector<float> tmp((size_t)out.numel());
+        cpu::matmul(tmp.data(), f32(in), in.rows, W);
+        float* o = f32(out);
+        for (int64_t i = 0; i < out.numel(); i++) o[i] += tmp[(size_t)i];
+    }
+
+    void project(const std::vector<tensor>& outs, const tensor& x, vec_view norm, float eps,
+                 const std::vector<const matrix*>& Ws) override {
+        TANSY_CHECK(outs.size() == Ws.size() && norm.n == x.cols, "project: %zu outputs, %zu weights", outs.size(),
+                    Ws.size());
+        std::vector<float> a((size_t)x.numel());
+        cpu::rms_norm(a.data(), f32(x), x.rows, x.cols, norm.data, eps);
+        for (size_t i = 0; i < Ws.size(); i++) {
+            TANSY_CHECK(Ws[i]->cols == x.cols && outs[i].cols == Ws[i]->rows && outs[i].rows == x.rows,
+                        "project %s shapes", Ws[i]->name.c_str());
+            cpu::matmul(f32(outs[i]), a.data(), x.rows, *Ws[i]);
+        }
     }
 
     void gather_rows(const tensor& out, const tensor& in, const std::vector<int64_t>& rows) override {
@@ -120,7 +130,7 @@ class cpu_backend final : public backend {
                    int slot, const std::vector<seq_span>& spans) override;
     void gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
              const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode mode) override;
-    void moe(const tensor& out, const tensor& x, const moe_weights& w) override;
+    void moe(const tensor& x, vec_view norm, float eps, const moe_weights& w) override;
 
   private:
     model_config cfg_;
@@ -242,10 +252,13 @@ void cpu_backend::gdn(const tensor& out, const tensor& qkv, const tensor& z, con
 }
 
 // MODEL.md §5: route, run each expert on the tokens that chose it, combine with the shared expert.
-void cpu_backend::moe(const tensor& out, const tensor& x, const moe_weights& w) {
+void cpu_backend::moe(const tensor& x, vec_view norm, float eps, const moe_weights& w) {
     const model_config& c = cfg_;
     const int64_t T = x.rows, D = c.hidden, E = c.n_experts, k = c.top_k, F = c.expert_inter, Fs = c.shared_inter;
-    const float* xp = f32(x);
+    TANSY_CHECK(norm.n == D && x.cols == D, "moe shapes");
+    std::vector<float> m((size_t)(T * D));
+    cpu::rms_norm(m.data(), f32(x), T, D, norm.data, eps);
+    const float* xp = m.data();
     std::vector<float> logits((size_t)(T * E));
     cpu::matmul(logits.data(), xp, T, w.router);
     std::vector<int32_t> idx((size_t)(T * k));
@@ -274,13 +287,13 @@ void cpu_backend::moe(const tensor& out, const tensor& x, const moe_weights& w) 
     for (int64_t i = 0; i < T * Fs; i++) sg[(size_t)i] = silu(sg[(size_t)i]) * su[(size_t)i];
     cpu::matmul(sy.data(), sg.data(), T, w.shared_down);
     cpu::matmul(sgate.data(), xp, T, w.shared_expert_gate);
-    float* op = f32(out);
+    float* op = f32(x);  // residual: x += moe
     for (int64_t t = 0; t < T; t++) {
         const float sig = sigmoid(sgate[(size_t)t]);
         for (int64_t d = 0; d < D; d++) {
             float acc = sig * sy[(size_t)(t * D + d)];
             for (int64_t j = 0; j < k; j++) acc += wt[(size_t)(t * k + j)] * ys[(size_t)((t * k + j) * D + d)];
-            op[t * D + d] = acc;
+            op[t * D + d] += acc;
         }
     }
 }
