@@ -402,8 +402,8 @@ TEST(chat_template, request_type_errors) {
         {{{"messages", msgs}, {"add_generation_prompt", 1}}, "'add_generation_prompt' must be a boolean"},
         {{{"messages", msgs}, {"chat_template_kwargs", json::array()}}, "'chat_template_kwargs' must be an object"},
     };
-    for (const auto& [req, want] : bad)
-        EXPECT_NE(error_of([&] { render_chat_request(req); }).find(want), std::string::npos) << req;
+    for (const auto& c : bad)  // not a structured binding: clang 14 cannot capture those in a lambda
+        EXPECT_NE(error_of([&] { render_chat_request(c.first); }).find(c.second), std::string::npos) << c.first;
 }
 
 // ---- Python semantics
