@@ -22,25 +22,25 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// One output tensor: its header entry and how to produce its bytes when its turn comes.
+// One output tensor: its header entry and how to produce its bytes when its turn comes. produce() returns
+// them, either from memory it owns or after filling `scratch`; after() runs once they are written.
 struct out_tensor {
     st_out_tensor hdr;
     uint64_t bytes = 0;
-    std::function<void(std::vector<uint8_t>&)> produce;
+    std::function<const void*(std::vector<uint8_t>& scratch)> produce;
+    std::function<void()> after;
 };
 
-// The three tensors of one quantised module are produced together (the quantisation runs once) and written
-// one after the other; `pending` holds the later two.
+// The three tensors of one quantised module come from one quantisation (run when the first is written) and
+// are written one after the other; writing the last frees it.
 struct quant_module {
-    const matrix* m = nullptr;
-    int64_t lead = 0;  // >0: the matrix is `lead` stacked experts (rows = lead * out)
-    int bits = 0;
     quantized_rows q;
     bool done = false;
 };
 
-std::vector<uint8_t> as_bytes(const void* p, size_t n) {
-    return std::vector<uint8_t>((const uint8_t*)p, (const uint8_t*)p + n);
+const void* as_bytes(std::vector<uint8_t>& scratch, const void* p, size_t n) {
+    scratch.assign((const uint8_t*)p, (const uint8_t*)p + n);
+    return scratch.data();
 }
 
 class mlx_writer {
@@ -51,8 +51,8 @@ class mlx_writer {
         const model_config& c = m_.cfg;
         const model_weights& w = m_.w;
         const std::string P = "language_model.model.";
-        quantized(P + "embed_tokens", {&w.embed}, o_.bits);
-        if (!c.tie_embeddings) quantized("language_model.lm_head", {&w.lm_head}, o_.bits);
+        quantized(P + "embed_tokens", {&w.embed});
+        if (!c.tie_embeddings) quantized("language_model.lm_head", {&w.lm_head});
         f32_vector(P + "norm.weight", w.final_norm, {c.hidden});
         for (size_t i = 0; i < w.layers.size(); i++) {
             const layer_weights& l = w.layers[i];
@@ -60,44 +60,47 @@ class mlx_writer {
             f32_vector(p + "input_layernorm.weight", l.input_norm, {c.hidden});
             f32_vector(p + "post_attention_layernorm.weight", l.post_norm, {c.hidden});
             if (l.kind == layer_kind::full_attention) {
-                quantized(p + "self_attn.q_proj", {&l.attn.q_proj}, o_.bits);
-                quantized(p + "self_attn.k_proj", {&l.attn.k_proj}, o_.bits);
-                quantized(p + "self_attn.v_proj", {&l.attn.v_proj}, o_.bits);
-                quantized(p + "self_attn.o_proj", {&l.attn.o_proj}, o_.bits);
+                quantized(p + "self_attn.q_proj", {&l.attn.q_proj});
+                quantized(p + "self_attn.k_proj", {&l.attn.k_proj});
+                quantized(p + "self_attn.v_proj", {&l.attn.v_proj});
+                quantized(p + "self_attn.o_proj", {&l.attn.o_proj});
                 f32_vector(p + "self_attn.q_norm.weight", l.attn.q_norm, {c.head_dim});
                 f32_vector(p + "self_attn.k_norm.weight", l.attn.k_norm, {c.head_dim});
             } else {
                 const std::string a = p + "linear_attn.";
-                quantized(a + "in_proj_qkv", {&l.gdn.in_qkv}, o_.bits);
-                quantized(a + "in_proj_z", {&l.gdn.in_z}, o_.bits);
-                quantized(a + "in_proj_b", {&l.gdn.in_b}, o_.bits);
-                quantized(a + "in_proj_a", {&l.gdn.in_a}, o_.bits);
-                quantized(a + "out_proj", {&l.gdn.out_proj}, o_.bits);
+                quantized(a + "in_proj_qkv", {&l.gdn.in_qkv});
+                quantized(a + "in_proj_z", {&l.gdn.in_z});
+                quantized(a + "in_proj_b", {&l.gdn.in_b});
+                quantized(a + "in_proj_a", {&l.gdn.in_a});
+                quantized(a + "out_proj", {&l.gdn.out_proj});
                 small_vector(a + "conv1d.weight", l.gdn.conv, {c.lin_conv_dim(), c.conv_kernel, 1});  // MLX [C,K,1]
                 small_vector(a + "dt_bias", l.gdn.dt_bias, {c.lin_v_heads});
                 f32_vector(a + "A_log", l.gdn.A_log, {c.lin_v_heads});  // mlx keeps A_log in fp32
                 small_vector(a + "norm.weight", l.gdn.norm, {c.lin_v_dim});
             }
             const std::string mm = p + "mlp.";
-            quantized(mm + "gate", {&l.moe.router}, 8);
-            quantized(mm + "shared_expert_gate", {&l.moe.shared_expert_gate}, 8);
-            quantized(mm + "shared_expert.gate_proj", {&l.moe.shared_gate}, o_.bits);
-            quantized(mm + "shared_expert.up_proj", {&l.moe.shared_up}, o_.bits);
-            quantized(mm + "shared_expert.down_proj", {&l.moe.shared_down}, o_.bits);
-            quantized(mm + "switch_mlp.gate_proj", ptrs(l.moe.gate), o_.bits);
-            quantized(mm + "switch_mlp.up_proj", ptrs(l.moe.up), o_.bits);
-            quantized(mm + "switch_mlp.down_proj", ptrs(l.moe.down), o_.bits);
+            quantized(mm + "gate", {&l.moe.router});
+            quantized(mm + "shared_expert_gate", {&l.moe.shared_expert_gate});
+            quantized(mm + "shared_expert.gate_proj", {&l.moe.shared_gate});
+            quantized(mm + "shared_expert.up_proj", {&l.moe.shared_up});
+            quantized(mm + "shared_expert.down_proj", {&l.moe.shared_down});
+            quantized(mm + "switch_mlp.gate_proj", ptrs(l.moe.gate));
+            quantized(mm + "switch_mlp.up_proj", ptrs(l.moe.up));
+            quantized(mm + "switch_mlp.down_proj", ptrs(l.moe.down));
         }
         return std::move(out_);
     }
 
-    const std::vector<std::string>& eight_bit_modules() const { return eight_bit_; }
+    // Modules quantised at other than the default bits: config.json must list each (MODEL.md §11.3).
+    const std::vector<std::pair<std::string, int>>& bit_overrides() const { return overridden_; }
+    int64_t params() const { return params_; }
 
   private:
     const model& m_;
     const convert_options& o_;
     std::vector<out_tensor> out_;
-    std::vector<std::string> eight_bit_;
+    std::vector<std::pair<std::string, int>> overridden_;
+    int64_t params_ = 0;
     std::vector<std::unique_ptr<quant_module>> modules_;
 
     static std::vector<const matrix*> ptrs(const std::vector<matrix>& v) {
@@ -106,15 +109,16 @@ class mlx_writer {
         return p;
     }
 
-    void add(const std::string& name, dtype t, std::vector<int64_t> shape, std::function<void(std::vector<uint8_t>&)> f) {
+    void add(const std::string& name, dtype t, std::vector<int64_t> shape,
+             std::function<const void*(std::vector<uint8_t>&)> f, std::function<void()> after = {}) {
         uint64_t n = dtype_size(t);
         for (int64_t d : shape) n *= (uint64_t)d;
-        out_.push_back({{name, t, std::move(shape), nullptr}, n, std::move(f)});
+        out_.push_back({{name, t, std::move(shape), nullptr}, n, std::move(f), std::move(after)});
     }
 
     // Zero-centred norms (already 1+w, the MLX convention) and A_log: fp32.
     void f32_vector(const std::string& name, const std::vector<float>& v, std::vector<int64_t> shape) {
-        add(name, dtype::f32, std::move(shape), [&v](std::vector<uint8_t>& b) { b = as_bytes(v.data(), v.size() * 4); });
+        add(name, dtype::f32, std::move(shape), [&v](std::vector<uint8_t>&) -> const void* { return v.data(); });
     }
 
     // Other unquantised tensors: bf16 when that is lossless (it is for a bf16 source), else fp32.
@@ -125,12 +129,13 @@ class mlx_writer {
         add(name, dtype::bf16, std::move(shape), [&v](std::vector<uint8_t>& b) {
             std::vector<uint16_t> h(v.size());
             for (size_t i = 0; i < v.size(); i++) h[i] = f32_to_bf16(v[i]);
-            b = as_bytes(h.data(), h.size() * 2);
+            return as_bytes(b, h.data(), h.size() * 2);
         });
     }
 
     // One linear module (or E stacked experts of identical shape) -> weight/scales/biases.
-    void quantized(const std::string& module, std::vector<const matrix*> parts, int bits) {
+    void quantized(const std::string& module, std::vector<const matrix*> parts) {
+        const int bits = o_.policy.bits_for(module), group = o_.policy.group;
         const matrix& first = *parts[0];
         for (const matrix* p : parts)
             if (p->fmt != wfmt::dense)
@@ -144,7 +149,7 @@ class mlx_writer {
             d.push_back(c);
             return d;
         };
-        if (cols % o_.group != 0) {  // MLX leaves such layers unquantised too
+        if (cols % group != 0) {  // MLX leaves such layers unquantised too
             add(module + ".weight", dtype::bf16, dims(rows, cols), [parts, rows, cols](std::vector<uint8_t>& b) {
                 std::vector<float> row((size_t)cols);
                 std::vector<uint16_t> h;
@@ -153,35 +158,37 @@ class mlx_writer {
                         p->row_f32(r, row.data());
                         for (float x : row) h.push_back(f32_to_bf16(x));
                     }
-                b = as_bytes(h.data(), h.size() * 2);
+                return as_bytes(b, h.data(), h.size() * 2);
             });
             return;
         }
-        if (bits != o_.bits) eight_bit_.push_back(module);
+        if (bits != o_.policy.bits) overridden_.emplace_back(module, bits);
+        params_ += (E ? E : 1) * rows * cols;
         auto* qm = modules_.emplace_back(std::make_unique<quant_module>()).get();
-        const int group = o_.group;
-        const quant_method method = o_.method;
-        auto run = [qm, parts, rows, cols, bits, group, method]() {
+        const quant_method method = o_.policy.method;
+        const checkpoint* src = m_.ckpt.get();
+        std::vector<const float*> h;
+        if (o_.policy.imatrix) h = o_.policy.imatrix->for_module(module, parts.size(), cols);
+        auto run = [qm, parts, bits, group, method, src, h]() {
             if (qm->done) return;
-            std::vector<float> w((size_t)(parts.size() * rows * cols));
-            for (size_t e = 0; e < parts.size(); e++)
-                for (int64_t r = 0; r < rows; r++) parts[e]->row_f32(r, &w[(e * rows + r) * cols]);
-            quantize_rows(w.data(), (int64_t)parts.size() * rows, cols, bits, group, method, &qm->q);
+            quantize_matrices(parts, bits, group, method, &qm->q, src, h);
             qm->done = true;
         };
-        add(module + ".weight", dtype::u32, dims(rows, cols * bits / 32), [qm, run](std::vector<uint8_t>& b) {
+        add(module + ".weight", dtype::u32, dims(rows, cols * bits / 32), [qm, run](std::vector<uint8_t>&) {
             run();
-            b = as_bytes(qm->q.packed.data(), qm->q.packed.size() * 4);
+            return (const void*)qm->q.packed.data();
         });
-        add(module + ".scales", dtype::bf16, dims(rows, cols / group), [qm, run](std::vector<uint8_t>& b) {
+        add(module + ".scales", dtype::bf16, dims(rows, cols / group), [qm, run](std::vector<uint8_t>&) {
             run();
-            b = as_bytes(qm->q.scales.data(), qm->q.scales.size() * 2);
+            return (const void*)qm->q.scales.data();
         });
-        add(module + ".biases", dtype::bf16, dims(rows, cols / group), [qm, run](std::vector<uint8_t>& b) {
-            run();
-            b = as_bytes(qm->q.biases.data(), qm->q.biases.size() * 2);
-            qm->q = {};  // the module is fully written: free it
-        });
+        add(
+            module + ".biases", dtype::bf16, dims(rows, cols / group),
+            [qm, run](std::vector<uint8_t>&) {
+                run();
+                return (const void*)qm->q.biases.data();
+            },
+            [qm] { qm->q = {}; });  // the module is fully written: free it
     }
 };
 
@@ -210,11 +217,11 @@ void write_shard(const std::string& path, std::vector<out_tensor*>& ts, progress
     std::vector<st_out_tensor> hdrs;
     for (out_tensor* t : ts) hdrs.push_back(t->hdr);
     st_writer w(path, hdrs, {{"format", "mlx"}});
-    std::vector<uint8_t> bytes;
+    std::vector<uint8_t> scratch;
     for (out_tensor* t : ts) {
-        t->produce(bytes);
-        w.write(bytes.data(), bytes.size());
-        written += bytes.size();
+        w.write(t->produce(scratch), t->bytes);
+        if (t->after) t->after();
+        written += t->bytes;
         bar.update(++done, t->hdr.name);
     }
     w.finish();
@@ -238,7 +245,7 @@ void copy_file(const std::string& from, const std::string& to) {
 }
 
 ojson mlx_config(const std::string& src_dir, const model_config& c, const convert_options& o,
-                 const std::vector<std::string>& eight_bit) {
+                 const std::vector<std::pair<std::string, int>>& overridden) {
     ojson cfg = ojson::parse(read_text_file(src_dir + "/config.json"));
     if (!cfg.contains("text_config")) {  // text-only source: wrap into the release form MLX tools read
         ojson text = cfg;
@@ -250,10 +257,10 @@ ojson mlx_config(const std::string& src_dir, const model_config& c, const conver
                     {"tie_word_embeddings", c.tie_embeddings},
                     {"text_config", text}};
     }
-    ojson q = {{"group_size", o.group}, {"bits", o.bits}, {"mode", "affine"}};
-    std::vector<std::string> sorted = eight_bit;
+    ojson q = {{"group_size", o.policy.group}, {"bits", o.policy.bits}, {"mode", "affine"}};
+    std::vector<std::pair<std::string, int>> sorted = overridden;
     std::sort(sorted.begin(), sorted.end());
-    for (const std::string& m : sorted) q[m] = {{"group_size", o.group}, {"bits", 8}};
+    for (const auto& [m, bits] : sorted) q[m] = {{"group_size", o.policy.group}, {"bits", bits}};
     cfg["quantization"] = q;
     cfg["quantization_config"] = q;
     return cfg;
@@ -263,8 +270,13 @@ ojson mlx_config(const std::string& src_dir, const model_config& c, const conver
 
 convert_report convert_to_mlx(const convert_options& o) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (o.bits != 2 && o.bits != 4 && o.bits != 8) fail("convert: --bits must be 2, 4 or 8 (got %d)", o.bits);
-    if (o.group <= 0 || o.group % 32 != 0) fail("convert: --group-size must be a positive multiple of 32 (got %d)", o.group);
+    const quant_policy& qp = o.policy;
+    if (qp.bits != 2 && qp.bits != 4 && qp.bits != 8) fail("convert: --bits must be 2, 4 or 8 (got %d)", qp.bits);
+    if (qp.group <= 0 || qp.group % 32 != 0 || qp.group > 256)
+        fail("convert: --group-size must be a multiple of 32 from 32 to 256 (got %d)", qp.group);
+    for (const auto& [pat, bits] : qp.overrides)
+        if (bits != 2 && bits != 4 && bits != 8)
+            fail("convert: '%s' bits must be 2, 4 or 8 (got %d)", pat.c_str(), bits);
     if (o.out.empty()) fail("convert: no output directory");
     model m = load_model(o.src);
     if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) fail("%s: cannot create: %s", o.out.c_str(), strerror(errno));
@@ -284,6 +296,7 @@ convert_report convert_to_mlx(const convert_options& o) {
     }
     convert_report rep;
     rep.tensors = (int64_t)plan.size();
+    rep.params = w.params();
     rep.files = (int64_t)shards.size();
     rep.bytes_in = m.ckpt->total_bytes();
     progress_bar bar(o.progress, plan.size());
@@ -316,7 +329,7 @@ convert_report convert_to_mlx(const convert_options& o) {
     // config.json last: its presence marks a complete checkpoint.
     f = fopen((o.out + "/config.json").c_str(), "w");
     if (!f) fail("%s: cannot write config.json", o.out.c_str());
-    fputs(mlx_config(o.src, m.cfg, o, w.eight_bit_modules()).dump(2).c_str(), f);
+    fputs(mlx_config(o.src, m.cfg, o, w.bit_overrides()).dump(2).c_str(), f);
     fclose(f);
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rep;

@@ -4,21 +4,20 @@
 #include <cstdint>
 #include <string>
 
-#include "quant/affine.h"
+#include "quant/quantize_model.h"
 
 namespace tansy {
 
 struct convert_options {
     std::string src, out;
-    int bits = 4;        // routers and the shared-expert gate are always 8-bit, as MLX does
-    int group = 64;
-    quant_method method = quant_method::minmax;
+    quant_policy policy;  // bits, group size, method and the per-module bit overrides
     uint64_t shard_bytes = 5000000000ull;  // split the output into files of at most this many bytes
     bool progress = true;                  // progress bar on stderr
 };
 
 struct convert_report {
     int64_t tensors = 0, files = 0;
+    int64_t params = 0;  // weights quantised
     uint64_t bytes_in = 0, bytes_out = 0;
     double seconds = 0;
 };
