@@ -98,12 +98,39 @@ class backend {
     // Called once a forward step has updated every layer: states of the spans advance by their lengths
     // (backends that keep positions on the device update them here).
     virtual void end_step(const std::vector<seq_span>& spans) {}
+
+    // ids_out[r] = argmax of logits row r over the first n_valid columns (ties: the lowest id). The token
+    // stays in backend memory, where the next step's embed reads it.
+    virtual void argmax(const tensor& ids_out, const tensor& logits, int64_t n_valid) = 0;
+
+    // ---- graphs: a fixed sequence of ops recorded once and replayed (CUDA graphs). Backends without them
+    // return false from supports_graphs() and the caller runs the ops eagerly.
+    virtual bool supports_graphs() const { return false; }
+    // Changes whenever memory that a captured graph refers to moves or a cached batch layout changes: a graph
+    // captured at another epoch must be captured again before replay.
+    virtual uint64_t memory_epoch() const { return 0; }
+    virtual void capture_begin() {}
+    virtual void capture_end() {}
+    virtual void replay() {}
+
+    // Benchmarks only: mark `n` tokens as already processed without computing them (the KV cache and state
+    // keep whatever they hold). Lets a decode benchmark start at a long context instantly.
+    virtual void pretend_context(seq_state& st, int64_t n) = 0;
+
+    // Device memory in use by this process (0 where not applicable), and a description of the device.
+    virtual size_t device_memory_used() const { return 0; }
+    virtual std::string device_name() const { return name(); }
+};
+
+struct backend_options {
+    uint64_t synthetic_seed = 1;  // weights a backend generates for a synthetic model (model::synthetic)
+    float router_skew = 0.0f;     // > 0: synthetic routing prefers some experts (Zipf-like), as real traffic does
 };
 
 std::unique_ptr<backend> make_cpu_backend(const model_config& cfg);
 // nullptr with a reason in *why when the CUDA backend is not compiled in or no GPU is usable.
-std::unique_ptr<backend> make_cuda_backend(const model_config& cfg, std::string* why);
+std::unique_ptr<backend> make_cuda_backend(const model_config& cfg, const backend_options& opt, std::string* why);
 // "cpu" or "cuda"; throws tansy::error naming the reason when unavailable.
-std::unique_ptr<backend> make_backend(const std::string& name, const model_config& cfg);
+std::unique_ptr<backend> make_backend(const std::string& name, const model_config& cfg, const backend_options& opt = {});
 
 }  // namespace tansy

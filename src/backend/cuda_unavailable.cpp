@@ -3,7 +3,7 @@
 
 namespace tansy {
 
-std::unique_ptr<backend> make_cuda_backend(const model_config&, std::string* why) {
+std::unique_ptr<backend> make_cuda_backend(const model_config&, const backend_options&, std::string* why) {
     if (why) *why = "this tansy was built without CUDA (nvcc was not found at configure time)";
     return nullptr;
 }

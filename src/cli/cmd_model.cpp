@@ -22,6 +22,9 @@ void add_engine_options(arg_parser& p) {
     p.option("--model", "DIR", "checkpoint directory (HF bf16 or MLX 4-bit); default: the bundled tiny model")
         .option("--backend", "NAME", "cpu or cuda (default cpu)")
         .option("--threads", "N", "CPU threads (default: all cores)")
+        .option("--weights", "W",
+                "auto (default: the checkpoint's format), q4 (quantise a bf16 checkpoint at load, as tansy convert "
+                "does) or bf16")
         .option("--verbose", "", "log loading details", "-v");
 }
 
@@ -31,6 +34,7 @@ engine_options engine_options_from(const arg_parser& p) {
     o.backend = p.str("--backend", "cpu");
     o.threads = (int)p.integer("--threads", 0);
     if (o.threads < 0) fail("--threads must be >= 0");
+    o.weights = p.str("--weights", "auto");
     if (p.has("--verbose")) set_log_level(log_level::debug);
     return o;
 }
@@ -70,7 +74,8 @@ int cmd_generate(int argc, char** argv) {
         .option("--top-p", "P", "keep the smallest set with probability >= P")
         .option("--min-p", "P", "drop tokens below P x the top probability")
         .option("--seed", "S", "random seed (default 0)")
-        .option("--output-ids", "", "print the generated ids, space-separated, on one line (the default)");
+        .option("--output-ids", "", "print the generated ids, space-separated, on one line (the default)")
+        .option("--no-graphs", "", "run every decode step eagerly (no CUDA graph replay)");
     if (!p.parse(argc, argv)) return 0;
     if (!p.has("--ids-file")) fail("generate: --ids-file is required");
     const int64_t n = p.integer("-n", 16);
@@ -88,25 +93,23 @@ int cmd_generate(int argc, char** argv) {
     std::vector<int32_t> ids = read_ids_file(p.str("--ids-file"));
     engine eng(engine_options_from(p));
     eng.check_ids(ids);
-    sampler smp(sp);
-    const int64_t V = eng.cfg().vocab;
     auto st = eng.new_sequence((int64_t)ids.size() + n);
-
+    generation_request req;
+    req.prompt = ids;
+    req.max_tokens = n;
+    req.sampling = sp;
+    req.use_graphs = !p.has("--no-graphs");
     std::vector<int32_t> out;
-    auto t0 = clock_type::now();
-    std::vector<float> logits = eng.step(*st, ids, logits_rows::last);
-    const double t_prefill = seconds_since(t0);
-    auto t1 = clock_type::now();
-    for (int64_t i = 0; i < n; i++) {
-        out.push_back(smp.sample(logits.data(), V));
-        if (i + 1 < n) logits = eng.step(*st, {out.back()}, logits_rows::last);
-    }
-    const double t_decode = seconds_since(t1);
+    generation_stats gs = eng.generate(*st, req, [&](int32_t id) {
+        out.push_back(id);
+        return true;
+    });
     for (size_t i = 0; i < out.size(); i++) printf("%s%d", i ? " " : "", out[i]);
     printf("\n");
-    fprintf(stderr, "tansy: prefill %zu tokens %.3f s (%.0f tok/s), decode %lld tokens %.3f s (%.1f tok/s), %s\n",
-            ids.size(), t_prefill, ids.size() / t_prefill, (long long)std::max<int64_t>(n - 1, 0), t_decode,
-            n > 1 ? (n - 1) / t_decode : 0.0, eng.be().name());
+    fprintf(stderr, "tansy: prefill %lld tokens %.3f s (%.0f tok/s), decode %lld tokens %.3f s (%.1f tok/s), %s%s\n",
+            (long long)gs.prompt_tokens, gs.prefill_s, gs.prompt_tokens / gs.prefill_s,
+            (long long)std::max<int64_t>(gs.generated - 1, 0), gs.decode_s,
+            gs.generated > 1 ? (gs.generated - 1) / gs.decode_s : 0.0, eng.be().name(), gs.graphs ? " (graphs)" : "");
     return 0;
 }
 

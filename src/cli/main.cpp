@@ -18,11 +18,14 @@ struct command {
 };
 
 const command k_commands[] = {
+    {"run", cmd_run, "chat with the model from the command line (one prompt or interactive), streamed"},
     {"generate", cmd_generate, "prefill token ids, then decode N tokens (greedy or sampled)"},
     {"logits", cmd_logits, "write the full-prompt logits of token ids to a safetensors file"},
     {"eval", cmd_eval, "teacher-forced perplexity, top-1 agreement and KL against reference logits"},
     {"convert", cmd_convert, "quantise a bf16 checkpoint to the MLX 4-bit layout"},
+    {"tokenize", cmd_tokenize, "text -> token ids, or token ids -> text (--decode)"},
     {"render", cmd_render, "print the prompt an OpenAI-style chat request renders to (Qwen3.6 chat template)"},
+    {"bench", cmd_bench, "decode throughput vs the memory roofline (real or synthetic full-size model)"},
     {"info", cmd_info, "describe a checkpoint: layout, configuration, sizes"},
 };
 

@@ -15,6 +15,7 @@ void forward_pass::reserve(int64_t T, int64_t n_logit_rows) {
     const dtype at = be_.act_type();
     if (T > cap_) {
         cap_ = T;
+        epoch_++;
         ids_ = be_.alloc(T, 1, dtype::i32);
         x_ = be_.alloc(T, c.hidden, at);
         a_ = be_.alloc(T, c.hidden, at);
@@ -34,6 +35,7 @@ void forward_pass::reserve(int64_t T, int64_t n_logit_rows) {
     }
     if (n_logit_rows > cap_logits_) {
         cap_logits_ = n_logit_rows;
+        epoch_++;
         sel_ = be_.alloc(n_logit_rows, c.hidden, at);
         logits_ = be_.alloc(n_logit_rows, c.vocab, dtype::f32);
     }

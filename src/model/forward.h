@@ -37,10 +37,14 @@ class forward_pass {
     tap_fn tap;
 
     backend& be() { return be_; }
+    // Grows each time run() reallocates its buffers (see backend::memory_epoch).
+    uint64_t memory_epoch() const { return epoch_; }
+    // Allocates buffers for batches of up to T rows (and n_logit_rows rows of logits) ahead of time.
+    void reserve(int64_t T, int64_t n_logit_rows);
     const model& mdl() const { return m_; }
 
   private:
-    void reserve(int64_t T, int64_t n_logit_rows);
+    uint64_t epoch_ = 0;
 
     backend& be_;
     const model& m_;

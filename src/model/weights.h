@@ -1,6 +1,7 @@
 // The one internal weight representation every checkpoint layout is mapped to (src/loader/load_model.cpp).
-// Matrices are non-owning views into the mmapped checkpoint (zero copy); small vectors (norms, gates, conv)
-// are converted to fp32 at load, already in the form the math applies (zero-centred norms as 1+w).
+// Matrices are non-owning views into the mmapped checkpoint (zero copy) or into model::owned (quantised at
+// load); small vectors (norms, gates, conv) are converted to fp32 at load, already in the form the math
+// applies (zero-centred norms as 1+w).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -93,6 +94,12 @@ struct model {
     model_config cfg;
     std::shared_ptr<const checkpoint> ckpt;
     model_weights w;
+    // Memory that matrix views point into besides the checkpoint: weights quantised at load
+    // (src/quant/quantize_model.h). Kept alive, and never moved, for the model's lifetime.
+    std::vector<std::shared_ptr<const void>> owned;
+    // Synthetic model whose matrices have no host data (src/model/synthetic.h): only a backend that generates
+    // weights itself (cuda) can bind it.
+    bool synthetic = false;
 };
 
 }  // namespace tansy

@@ -2,10 +2,12 @@
 
 #include <omp.h>
 
+#include <chrono>
 #include <cstdlib>
 
 #include "core/check.h"
 #include "loader/load_model.h"
+#include "quant/quantize_model.h"
 
 #ifndef TANSY_DEFAULT_MODEL_DIR
 #define TANSY_DEFAULT_MODEL_DIR "models/tiny-chat-q4"
@@ -21,9 +23,22 @@ std::string default_model_dir() {
 engine::engine(const engine_options& opt) {
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
     model_ = std::make_unique<model>(load_model(opt.model_dir.empty() ? default_model_dir() : opt.model_dir));
-    backend_ = make_backend(opt.backend, model_->cfg);
+    init(opt);
+}
+
+engine::engine(model&& m, const engine_options& opt) {
+    if (opt.threads > 0) omp_set_num_threads(opt.threads);
+    model_ = std::make_unique<model>(std::move(m));
+    init(opt);
+}
+
+void engine::init(const engine_options& opt) {
+    prepare_weights(*model_, opt.weights, opt.backend);
+    backend_ = make_backend(opt.backend, model_->cfg, opt.backend_opt);
     backend_->bind(*model_);
     fwd_ = std::make_unique<forward_pass>(*backend_, *model_);
+    tok_ = backend_->alloc(1, 1, dtype::i32);
+    n_valid_ = model_->cfg.vocab;
 }
 
 void engine::check_ids(const std::vector<int32_t>& ids) const {
@@ -36,6 +51,84 @@ void engine::check_ids(const std::vector<int32_t>& ids) const {
 std::vector<float> engine::step(seq_state& st, const std::vector<int32_t>& ids, logits_rows which) {
     check_ids(ids);
     return fwd_->run_host(ids, st, which);
+}
+
+generation_stats engine::generate(seq_state& st, const generation_request& req,
+                                  const std::function<bool(int32_t)>& on_token) {
+    using clock = std::chrono::steady_clock;
+    auto secs = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
+    generation_stats gs;
+    if (req.prompt.empty()) fail("generate: the prompt is empty");
+    check_ids(req.prompt);
+    if (st.n_past() + (int64_t)req.prompt.size() + req.max_tokens > st.capacity())
+        fail("prompt of %zu tokens + %lld new tokens exceeds the context capacity of %lld", req.prompt.size(),
+             (long long)req.max_tokens, (long long)(st.capacity() - st.n_past()));
+    gs.prompt_tokens = (int64_t)req.prompt.size();
+    if (req.max_tokens <= 0) return gs;
+    backend& be = *backend_;
+    const bool greedy = req.sampling.temperature == 0.0f;
+    sampler smp(req.sampling, n_valid_);
+    const tensor tok = tok_.t();
+    std::vector<float> host_logits;
+    // The next token into `tok`: on the device for greedy, through the host sampler otherwise.
+    auto pick = [&](const tensor& logits) {
+        if (greedy) return be.argmax(tok, logits, n_valid_);
+        host_logits.resize((size_t)logits.numel());
+        be.download(host_logits.data(), logits);
+        const int32_t id = smp.sample(host_logits.data(), logits.cols);
+        be.upload(tok, &id);
+    };
+    auto read_tok = [&] {
+        int32_t id;
+        be.download(&id, tok);
+        return id;
+    };
+    auto emit = [&](int32_t id) {
+        gs.generated++;
+        const bool stop = std::find(req.stop.begin(), req.stop.end(), id) != req.stop.end();
+        return on_token(id) && !stop && gs.generated < req.max_tokens;
+    };
+
+    auto t0 = clock::now();
+    const int64_t T = (int64_t)req.prompt.size();
+    if (!prompt_ids_ || prompt_ids_.t().rows < T) prompt_ids_ = be.alloc(T, 1, dtype::i32);
+    const tensor pids = prompt_ids_.t().rows_view(0, T);
+    be.upload(pids, req.prompt.data());
+    pick(fwd_->run(pids, {seq_span{&st, 0, T, st.n_past()}}, logits_rows::last));
+    int32_t id = read_tok();
+    gs.prefill_s = secs(t0);
+    if (!emit(id)) return gs;
+
+    auto t1 = clock::now();
+    const bool graphs = req.use_graphs && greedy && be.supports_graphs();
+    bool warm = false, captured = false;
+    uint64_t epoch_be = 0, epoch_fw = 0;
+    auto epochs_match = [&] { return be.memory_epoch() == epoch_be && fwd_->memory_epoch() == epoch_fw; };
+    for (;;) {
+        const std::vector<seq_span> span = {seq_span{&st, 0, 1, st.n_past()}};
+        if (graphs && captured && epochs_match()) {
+            be.replay();
+            st.set_n_past(st.n_past() + 1);  // the host mirror of what the replayed step did on the device
+            gs.graphs = true;
+        } else if (graphs && warm) {
+            // Record one decode step (its buffers and batch layout are settled by the eager step before),
+            // then run it: capture only records.
+            be.capture_begin();
+            pick(fwd_->run(tok, span, logits_rows::last));
+            be.capture_end();
+            be.replay();
+            captured = true;
+            epoch_be = be.memory_epoch(), epoch_fw = fwd_->memory_epoch();
+        } else {
+            pick(fwd_->run(tok, span, logits_rows::last));
+            warm = true;
+        }
+        id = read_tok();
+        if (!emit(id)) break;
+    }
+    be.synchronize();
+    gs.decode_s = secs(t1);
+    return gs;
 }
 
 }  // namespace tansy

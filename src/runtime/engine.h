@@ -1,6 +1,8 @@
 // Owns a loaded model, a backend with its weights bound, and a forward pass: what every CLI command and the
-// server start from.
+// server start from. generate() is the decode loop: the sampled token stays in backend memory and feeds the
+// next step; with a greedy sampler on a backend with graphs, each decode step is one graph replay.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "backend/backend.h"
 #include "model/forward.h"
 #include "model/weights.h"
+#include "sampling/sampler.h"
 
 namespace tansy {
 
@@ -15,14 +18,33 @@ struct engine_options {
     std::string model_dir;   // empty: the embedded default model
     std::string backend = "cpu";
     int threads = 0;         // CPU threads; 0: all cores
+    backend_options backend_opt;
+    // auto | checkpoint | q4 | bf16: q4 quantises dense matrices at load with tansy convert's quantiser and
+    // policy; auto keeps the checkpoint's format (src/quant/quantize_model.h, prepare_weights).
+    std::string weights = "auto";
 };
 
 // The bundled tiny chat model (models/tiny-chat-q4), or $TANSY_MODEL when set.
 std::string default_model_dir();
 
+struct generation_request {
+    std::vector<int32_t> prompt;
+    int64_t max_tokens = 16;
+    sampling_params sampling;   // temperature 0: greedy
+    std::vector<int32_t> stop;  // ids that end the generation (the stop id itself is reported)
+    bool use_graphs = true;
+};
+
+struct generation_stats {
+    int64_t prompt_tokens = 0, generated = 0;
+    double prefill_s = 0, decode_s = 0;
+    bool graphs = false;  // decode steps ran as graph replays
+};
+
 class engine {
   public:
-    explicit engine(const engine_options& opt);  // throws tansy::error
+    explicit engine(const engine_options& opt);         // loads opt.model_dir; throws tansy::error
+    engine(model&& m, const engine_options& opt);        // an already built model (synthetic)
 
     const model& mdl() const { return *model_; }
     const model_config& cfg() const { return model_->cfg; }
@@ -37,10 +59,22 @@ class engine {
     // Processes `ids` after what `st` holds; returns host logits per `which` ([n, V], [1, V] or empty).
     std::vector<float> step(seq_state& st, const std::vector<int32_t>& ids, logits_rows which);
 
+    // Prefill, then decode until max_tokens, a stop id, or on_token returning false. st must have room for
+    // prompt + max_tokens.
+    generation_stats generate(seq_state& st, const generation_request& req, const std::function<bool(int32_t)>& on_token);
+
+    // Ids at or above this are padding rows of the embedding and are never sampled (MODEL.md §6).
+    int64_t n_valid_tokens() const { return n_valid_; }
+    void set_valid_tokens(int64_t n) { n_valid_ = n > 0 && n < model_->cfg.vocab ? n : model_->cfg.vocab; }
+
   private:
+    void init(const engine_options& opt);
+
     std::unique_ptr<model> model_;
     std::unique_ptr<backend> backend_;
     std::unique_ptr<forward_pass> fwd_;
+    buffer prompt_ids_, tok_;
+    int64_t n_valid_ = 0;
 };
 
 }  // namespace tansy

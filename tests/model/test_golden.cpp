@@ -121,8 +121,9 @@ TEST_P(golden_layout, teacher_forced_nll) {
     }
     nll /= (double)n, gold /= (double)n;
     EXPECT_NEAR(nll, gold, TOL_TEACHER_NLL);
-    if (!GetParam().q4)  // teacher.argmax is the bf16 model's; the 4-bit model agrees with it ~79% of the time
+    if (!GetParam().q4) {  // teacher.argmax is the bf16 model's; the 4-bit model agrees with it ~79% of the time
         EXPECT_GE(top1.rate(), MIN_TEACHER_TOP1);
+    }
     RecordProperty("mean_nll", std::to_string(nll));
     RecordProperty("top1", std::to_string(top1.rate()));
 }

@@ -120,7 +120,9 @@ TEST(moe_route, top_k_softmax_renormalised) {
         float sum = 0;
         for (int64_t j = 0; j < k; j++) {
             sum += w[t * k + j];
-            if (j) EXPECT_GE(w[t * k + j - 1], w[t * k + j]);
+            if (j) {
+                EXPECT_GE(w[t * k + j - 1], w[t * k + j]);
+            }
         }
         EXPECT_NEAR(sum, 1.0f, 1e-6);
         // the chosen experts are the k largest logits; weight ratio = exp(logit difference)

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "core/check.h"
+#include "sampling/sampler.h"
 
 namespace tansy {
 
@@ -51,7 +52,9 @@ class cpu_backend final : public backend {
     explicit cpu_backend(const model_config& cfg) : cfg_(cfg) {}
     const char* name() const override { return "cpu"; }
     dtype act_type() const override { return dtype::f32; }
-    void bind(const model&) override {}
+    void bind(const model& m) override {
+        if (m.synthetic) fail("the cpu backend needs host weights; build the synthetic model with materialize=true");
+    }
 
     buffer alloc(int64_t rows, int64_t cols, dtype t) override {
         size_t bytes = (size_t)rows * (size_t)cols * dtype_size(t);
@@ -124,6 +127,19 @@ class cpu_backend final : public backend {
         TANSY_CHECK(out.rows == (int64_t)rows.size() && out.cols == in.cols, "gather_rows shapes");
         for (size_t i = 0; i < rows.size(); i++)
             memcpy(f32(out) + i * out.cols, f32(in) + rows[i] * in.cols, sizeof(float) * in.cols);
+    }
+
+    void argmax(const tensor& ids_out, const tensor& logits, int64_t n_valid) override {
+        for (int64_t r = 0; r < logits.rows; r++)
+            ((int32_t*)ids_out.data)[r] = tansy::argmax(f32(logits) + r * logits.cols, std::min(n_valid, logits.cols));
+    }
+
+    void pretend_context(seq_state& st, int64_t n) override {
+        auto& s = static_cast<cpu_state&>(st);
+        const int64_t kvd = cfg_.kv_dim();
+        for (auto* group : {&s.k, &s.v})
+            for (auto& x : *group) x.assign((size_t)(n * kvd), 0.0f);
+        s.set_n_past(n);
     }
 
     void attention(const tensor& out, const tensor& qg, const tensor& k, const tensor& v, const attn_weights& w,
@@ -302,11 +318,11 @@ void cpu_backend::moe(const tensor& x, vec_view norm, float eps, const moe_weigh
 
 std::unique_ptr<backend> make_cpu_backend(const model_config& cfg) { return std::make_unique<cpu_backend>(cfg); }
 
-std::unique_ptr<backend> make_backend(const std::string& name, const model_config& cfg) {
+std::unique_ptr<backend> make_backend(const std::string& name, const model_config& cfg, const backend_options& opt) {
     if (name == "cpu") return make_cpu_backend(cfg);
     if (name == "cuda") {
         std::string why;
-        auto be = make_cuda_backend(cfg, &why);
+        auto be = make_cuda_backend(cfg, opt, &why);
         if (!be) fail("the cuda backend is unavailable: %s", why.c_str());
         return be;
     }

@@ -1,6 +1,7 @@
 // Shared CUDA helpers: error checking, warp/block reductions, bf16 conversions.
 #pragma once
 #include <cuda_bf16.h>
+#include <cstdint>
 #include <cuda_runtime.h>
 
 #include "core/check.h"
@@ -21,6 +22,15 @@
 
 namespace tansy::cuda {
 
+// ---- weight formats on the device (see weights_dev.h)
+enum class dfmt : uint8_t { q4, q8, bf16 };
+
+}  // namespace tansy::cuda
+
+// Everything below is device code: visible to nvcc only (tests include the .cuh launchers from plain C++).
+#if defined(__CUDACC__)
+namespace tansy::cuda {
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -39,3 +49,131 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 
 }  // namespace tansy::cuda
+
+namespace tansy::cuda {
+
+// Values per 16-byte chunk of a weight row.
+template <dfmt F>
+constexpr int chunk_values() {
+    return F == dfmt::q4 ? 32 : F == dfmt::q8 ? 16 : 8;
+}
+
+// note: 2^23 + v has v in its low mantissa bits, so building that float from a byte with one byte_perm and
+// subtracting 2^23 converts a 4/8-bit integer to float exactly, without the slow I2F path.
+__device__ __forceinline__ float byte_to_float(uint32_t word, uint32_t byte) {
+    return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540u | byte)) - 8388608.0f;
+}
+
+// 1 + q/16 for the 4-bit code q held in bits 3..6 of byte b (bit 7 set): one byte_perm builds the float
+// 0x3F800000 | q << 19 around it.
+__device__ __forceinline__ float nibble_to_one_plus(uint32_t word, uint32_t byte) {
+    return __uint_as_float(__byte_perm(word, 0x3F000000u, 0x7044u | (byte << 8)));
+}
+
+// sum_i w_i * x_i over one 16-byte chunk of a row, where w_i is the integer code (affine formats, before
+// scale and bias) or the bf16 value (dense). x holds chunk_values<F>() floats and sx = sum_i x_i.
+// note: 4-bit codes are summed as (1 + q/16) x - x: one byte_perm and one FFMA per weight instead of a
+// conversion, an FADD and an FFMA. The cancellation costs ~4 bits: ~2e-5 relative on a chunk's sum.
+template <dfmt F>
+__device__ __forceinline__ float chunk_dot(const uint4& c, const float* x, float sx) {
+    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    float acc = 0.0f;
+    if constexpr (F == dfmt::q4) {
+        // word k holds values 8k..8k+7 at nibbles 0..7 (LSB first): even values in the low nibble of each byte
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t lo = ((w[k] << 3) & 0x78787878u) | 0x80808080u;
+            const uint32_t hi = ((w[k] >> 1) & 0x78787878u) | 0x80808080u;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                acc = fmaf(nibble_to_one_plus(lo, b), x[8 * k + 2 * b], acc);
+                acc = fmaf(nibble_to_one_plus(hi, b), x[8 * k + 2 * b + 1], acc);
+            }
+        }
+        return 16.0f * (acc - sx);
+    } else if constexpr (F == dfmt::q8) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc = fmaf(byte_to_float(w[k], b), x[4 * k + b], acc);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            acc = fmaf(__uint_as_float(w[k] << 16), x[2 * k], acc);
+            acc = fmaf(__uint_as_float(w[k] & 0xFFFF0000u), x[2 * k + 1], acc);
+        }
+    }
+    return acc;
+}
+
+// Loads one input row of K floats into registers the way the "x-stationary" kernels want it: lane l gets chunks
+// l, l+32, ... (CH floats each, optionally RMS-normalised with weights nw and inverse RMS inv), plus each
+// chunk's sum. note: read straight from global memory, lane l's chunk sits 32*CH*4 bytes from its neighbour's,
+// so every load touched 32 cache lines (v3 of the GEMV lost most of its time there); the block stages the row
+// through shared memory with coalesced loads instead, padded by 4 floats per chunk so that the 16-byte reads
+// of 8 lanes (one LDS.128 phase) fall in distinct banks. smem holds (K/CH) * (CH+4) floats.
+template <int CH, int CPL>
+__device__ __forceinline__ void stage_x(float (&xv)[CPL][CH], float (&sx)[CPL], const float* x, const float* nw,
+                                        float inv, int64_t K, float* smem) {
+    for (int64_t k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
+        float4 v = *reinterpret_cast<const float4*>(x + k);
+        if (nw) {
+            const float4 w = *reinterpret_cast<const float4*>(nw + k);
+            v.x *= inv * w.x, v.y *= inv * w.y, v.z *= inv * w.z, v.w *= inv * w.w;
+        }
+        *reinterpret_cast<float4*>(smem + (k / CH) * (CH + 4) + k % CH) = v;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < CPL; i++) {
+        const float* src = smem + (int64_t)(lane + 32 * i) * (CH + 4);
+        sx[i] = 0;
+#pragma unroll
+        for (int j = 0; j < CH; j += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(src + j);
+            xv[i][j] = v.x, xv[i][j + 1] = v.y, xv[i][j + 2] = v.z, xv[i][j + 3] = v.w;
+            sx[i] += (v.x + v.y) + (v.z + v.w);
+        }
+    }
+}
+
+// Inverse RMS of T (<= 16) rows of n floats (n % 4 == 0), computed by the whole block with 16-byte loads:
+// one memory round trip instead of a serial walk. Result in s_inv[t]; ends with a barrier.
+__device__ __forceinline__ void block_inv_rms_rows(float* s_inv, const float* x, int64_t ldx, int T, int64_t n,
+                                                   float eps) {
+    __shared__ float red[16][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    for (int t = 0; t < T; t++) {
+        float ss = 0;
+        for (int64_t i = 4 * threadIdx.x; i < n; i += 4 * blockDim.x) {
+            const float4 v = *reinterpret_cast<const float4*>(x + t * ldx + i);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[t][warp] = ss;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < T) {
+        float ss = 0;
+        for (int w = 0; w < n_warps; w++) ss += red[threadIdx.x][w];
+        s_inv[threadIdx.x] = rsqrtf(ss / (float)n + eps);
+    }
+    __syncthreads();
+}
+
+// (scale, bias) packed as bf16x2: scale in the low half.
+__device__ __forceinline__ float sb_scale(uint32_t sb) { return __uint_as_float(sb << 16); }
+__device__ __forceinline__ float sb_bias(uint32_t sb) { return __uint_as_float(sb & 0xFFFF0000u); }
+
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.0f + __expf(-x)); }
+
+}  // namespace tansy::cuda
+#endif  // __CUDACC__

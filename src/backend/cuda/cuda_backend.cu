@@ -1,18 +1,375 @@
-// The CUDA backend factory. The decode and prefill ops arrive with the CUDA issues (#4, #5); until then the
-// backend reports itself unavailable, and the kernels that exist are tested op by op (tests/cuda).
+// The CUDA backend: device copies of the weights (4/8-bit affine as in the checkpoint, or bf16), fp32
+// activations, per-sequence state in one device allocation, every op as one to four kernels on one stream,
+// and CUDA-graph capture of whole decode steps. Kernels live in gemv/moe/attention/gdn/misc.cu.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
 #include "backend/backend.h"
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/device.h"
+#include "backend/cuda/gdn.cuh"
+#include "backend/cuda/gemv.cuh"
+#include "backend/cuda/misc.cuh"
+#include "backend/cuda/moe.cuh"
+#include "backend/cuda/weights_dev.h"
+#include "core/log.h"
 
 namespace tansy {
 
-std::unique_ptr<backend> make_cuda_backend(const model_config&, std::string* why) {
+namespace {
+
+using namespace cuda;
+
+float* f32(const tensor& t) {
+    TANSY_CHECK(t.type == dtype::f32, "cuda backend expects f32 activations, got %s", dtype_name(t.type));
+    return (float*)t.data;
+}
+
+// ------------------------------------------------------------------------------------------- state
+
+class cuda_state final : public seq_state {
+  public:
+    cuda_state(const dshape& sh, int n_attn, int n_gdn, int64_t capacity) : sh_(sh), n_attn_(n_attn), n_gdn_(n_gdn) {
+        capacity_ = capacity;
+        kv_bytes_ = (size_t)n_attn * 2 * sh.capacity * sh.kvd * 2;
+        conv_bytes_ = (size_t)n_gdn * 2 * sh.conv_rows * sh.conv_ch * 4;
+        s_bytes_ = (size_t)n_gdn * sh.s_elems * 4;
+        mem_ = device_buffer(kv_bytes_ + conv_bytes_ + s_bytes_ + 256);
+        reset();
+    }
+    std::unique_ptr<seq_state> clone() const override {
+        auto c = std::make_unique<cuda_state>(sh_, n_attn_, n_gdn_, capacity_);
+        CUDA_CHECK(cudaMemcpy(c->mem_.get(), mem_.get(), mem_.size(), cudaMemcpyDeviceToDevice));
+        c->n_past_ = n_past_;
+        return c;
+    }
+    size_t bytes() const override { return mem_.size(); }
+    void reset() override {
+        CUDA_CHECK(cudaMemset(mem_.get(), 0, mem_.size()));
+        n_past_ = 0;
+    }
+    dseq dev() const {
+        char* base = (char*)mem_.get();
+        return {(uint16_t*)base, (float*)(base + kv_bytes_), (float*)(base + kv_bytes_ + conv_bytes_),
+                (int32_t*)(base + kv_bytes_ + conv_bytes_ + s_bytes_)};
+    }
+
+  private:
+    dshape sh_;
+    int n_attn_, n_gdn_;
+    size_t kv_bytes_ = 0, conv_bytes_ = 0, s_bytes_ = 0;
+    device_buffer mem_;
+};
+
+// A growable device array. Growing it moves it: `epoch` counts moves so captured graphs can be invalidated.
+template <class T>
+struct dev_array {
+    device_buffer buf;
+    size_t n = 0;
+    uint64_t* epoch = nullptr;
+    T* ensure(size_t count) {
+        if (count > n) {
+            buf = device_buffer(count * sizeof(T));
+            n = count;
+            if (epoch) ++*epoch;
+        }
+        return (T*)buf.get();
+    }
+    T* get() const { return (T*)buf.get(); }
+};
+
+// ------------------------------------------------------------------------------------------- backend
+
+class cuda_backend final : public backend {
+  public:
+    explicit cuda_backend(const model_config& cfg) : cfg_(cfg) {
+        CUDA_CHECK(cudaSetDevice(0));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        sh_.kvd = cfg.kv_dim();
+        sh_.conv_rows = cfg.conv_kernel - 1;
+        sh_.conv_ch = cfg.lin_conv_dim();
+        sh_.s_elems = cfg.lin_v_heads * cfg.lin_k_dim * cfg.lin_v_dim;
+        n_attn_ = (int)cfg.n_full_attention();
+        n_gdn_ = (int)(cfg.n_layers() - n_attn_);
+        std::vector<double> inv((size_t)cfg.rope_dim / 2);
+        for (size_t j = 0; j < inv.size(); j++) inv[j] = std::pow(cfg.rope_theta, -2.0 * (double)j / (double)cfg.rope_dim);
+        for (auto* a : {&ws_norm_, &ws_q_, &ws_part_o_, &ws_part_ml_, &ws_gdn_o_, &ws_router_, &ws_wt_, &ws_sig_, &ws_h_, &ws_argmax_})
+            a->epoch = &epoch_;
+        for (auto* a : {&gather_rows_dev_, &ws_idx_}) a->epoch = &epoch_;
+        rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
+        inv_freq_ = device_buffer(inv.size() * sizeof(double));
+        inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
+    }
+    ~cuda_backend() override {
+        if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+        cudaStreamDestroy(stream_);
+    }
+
+    const char* name() const override { return "cuda"; }
+    dtype act_type() const override { return dtype::f32; }
+
+    void bind(const model& m) override { weights_.bind(m, stream_, synth_seed_, synth_skew_); }
+    void set_synthetic(uint64_t seed, float router_skew) { synth_seed_ = seed, synth_skew_ = router_skew; }
+    uint64_t memory_epoch() const override { return epoch_; }
+
+    buffer alloc(int64_t rows, int64_t cols, dtype t) override {
+        auto mem = std::make_shared<device_buffer>((size_t)std::max<int64_t>(rows * cols, 1) * dtype_size(t));
+        CUDA_CHECK(cudaMemset(mem->get(), 0, mem->size()));
+        return buffer(tensor{mem->get(), t, rows, cols}, mem);
+    }
+    void upload(const tensor& dst, const void* src) override {
+        CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void download(void* dst, const tensor& src) override {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+    std::unique_ptr<seq_state> new_state(int64_t capacity) override {
+        dshape sh = sh_;
+        sh.capacity = capacity;
+        return std::make_unique<cuda_state>(sh, n_attn_, n_gdn_, capacity);
+    }
+
+    void pretend_context(seq_state& st, int64_t n) override {
+        TANSY_CHECK(n <= st.capacity(), "pretend_context %lld > capacity", (long long)n);
+        const int32_t meta[2] = {(int32_t)n, 0};
+        CUDA_CHECK(cudaMemcpy(static_cast<cuda_state&>(st).dev().meta, meta, sizeof meta, cudaMemcpyHostToDevice));
+        st.set_n_past(n);
+    }
+
+    void embed(const tensor& x, const tensor& ids, const matrix& table) override {
+        embed_rows(f32(x), (const int32_t*)ids.data, (int)x.rows, weights_.mat(table), stream_);
+    }
+
+    void rms_norm(const tensor& out, const tensor& in, vec_view w, float eps) override {
+        rms_norm_f32(f32(out), f32(in), weights_.vec(w), (int)in.rows, in.cols, eps, stream_);
+    }
+
+    void matmul(const tensor& out, const tensor& in, const matrix& W, bool accumulate) override {
+        TANSY_CHECK(in.cols == W.cols && out.cols == W.rows && out.rows == in.rows, "matmul %s shapes", W.name.c_str());
+        gemv_params p;
+        p.W = weights_.mat(W);
+        p.x = f32(in), p.ldx = in.cols, p.T = (int)in.rows;
+        p.seg[0] = {f32(out), out.cols, 0};
+        p.accumulate = accumulate;
+        gemv(p, stream_);
+    }
+
+    void gather_rows(const tensor& out, const tensor& in, const std::vector<int64_t>& rows) override {
+        std::vector<int32_t> r(rows.begin(), rows.end());
+        if (r != gather_cache_) {
+            TANSY_CHECK(!capturing_, "gather_rows: row list changed during graph capture");
+            int32_t* d = gather_rows_dev_.ensure(r.size());
+            CUDA_CHECK(cudaMemcpy(d, r.data(), r.size() * 4, cudaMemcpyHostToDevice));
+            gather_cache_ = r;
+            epoch_++;
+        }
+        gather_rows_f32(f32(out), f32(in), gather_rows_dev_.get(), (int)r.size(), in.cols, stream_);
+    }
+
+    void project(const std::vector<tensor>& outs, const tensor& x, vec_view norm, float eps,
+                 const std::vector<const matrix*>& Ws) override {
+        const int T = (int)x.rows;
+        const float* nw = weights_.vec(norm);
+        const float* xin = f32(x);
+        if (T > k_gemv_max_norm_rows) {  // normalise once instead of in every block's prologue
+            float* a = ws_norm_.ensure((size_t)x.numel());
+            rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
+            xin = a, nw = nullptr;
+        }
+        const device_weights::concat& cc = weights_.cat(Ws);
+        for (size_t part = 0; part < cc.parts.size(); part++) {
+            gemv_params p;
+            p.W = cc.parts[part].W;
+            p.x = xin, p.ldx = x.cols, p.T = T, p.norm_w = nw, p.eps = eps;
+            p.n_seg = 0;
+            for (int i : cc.parts[part].members) {
+                p.seg[p.n_seg] = {f32(outs[(size_t)i]), outs[(size_t)i].cols, cc.row0[(size_t)i]};
+                p.n_seg++;
+            }
+            gemv(p, stream_);
+        }
+    }
+
+    void attention(const tensor& out, const tensor& qg, const tensor& k, const tensor& v, const attn_weights& w,
+                   int slot, const std::vector<seq_span>& spans) override {
+        prepare_batch(spans, (int)qg.rows);
+        const int T = (int)qg.rows;
+        attn_params p;
+        p.qg = f32(qg), p.k = f32(k), p.v = f32(v);
+        p.q_norm = weights_.vec({w.q_norm.data(), (int64_t)w.q_norm.size()});
+        p.k_norm = weights_.vec({w.k_norm.data(), (int64_t)w.k_norm.size()});
+        p.T = T, p.Hq = (int)cfg_.n_q_heads, p.Hkv = (int)cfg_.n_kv_heads, p.dh = (int)cfg_.head_dim;
+        p.rope_dim = (int)cfg_.rope_dim, p.eps = cfg_.eps, p.inv_freq = (const double*)inv_freq_.get();
+        p.rows = rows_dev_.get(), p.seqs = seqs_dev_.get(), p.shape = batch_shape_, p.slot = slot;
+        p.n_splits = k_attn_splits;
+        p.q = ws_q_.ensure((size_t)T * p.Hq * p.dh);
+        p.part_o = ws_part_o_.ensure((size_t)T * p.Hq * p.n_splits * p.dh);
+        p.part_ml = ws_part_ml_.ensure((size_t)T * p.Hq * p.n_splits * 2);
+        p.out = f32(out);
+        attention_prep(p, stream_);
+        attention_decode(p, stream_);
+    }
+
+    void gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
+             const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode) override {
+        prepare_batch(spans, (int)qkv.rows);
+        gdn_params p;
+        p.qkv = f32(qkv), p.b = f32(b), p.a = f32(a), p.z = f32(z);
+        p.conv_w = weights_.vec({w.conv.data(), (int64_t)w.conv.size()});
+        p.A_log = weights_.vec({w.A_log.data(), (int64_t)w.A_log.size()});
+        p.dt_bias = weights_.vec({w.dt_bias.data(), (int64_t)w.dt_bias.size()});
+        p.norm_w = weights_.vec({w.norm.data(), (int64_t)w.norm.size()});
+        p.T = (int)qkv.rows, p.Hk = (int)cfg_.lin_k_heads, p.Hv = (int)cfg_.lin_v_heads;
+        p.dk = (int)cfg_.lin_k_dim, p.dv = (int)cfg_.lin_v_dim, p.K = (int)cfg_.conv_kernel, p.eps = cfg_.eps;
+        p.spans = spans_dev_.get(), p.seqs = seqs_dev_.get(), p.n_spans = (int)spans.size();
+        p.shape = batch_shape_, p.slot = slot;
+        p.o = ws_gdn_o_.ensure((size_t)out.numel());
+        p.out = f32(out);
+        gdn_forward(p, stream_);
+    }
+
+    void moe(const tensor& x, vec_view norm, float eps, const moe_weights& w) override {
+        const int T = (int)x.rows;
+        const device_weights::moe_dev& md = weights_.moe(w);
+        const float* nw = weights_.vec(norm);
+        const float* xin = f32(x);
+        if (T > k_gemv_max_norm_rows) {
+            float* a = ws_norm_.ensure((size_t)x.numel());
+            rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
+            xin = a, nw = nullptr;
+        }
+        const int E = (int)cfg_.n_experts, k = (int)cfg_.top_k;
+        float* logits = ws_router_.ensure((size_t)T * (E + 1));
+        for (const auto& part : md.router.parts) {  // [router; shared_expert_gate] rows -> logits [T, E+1]
+            gemv_params p;
+            p.W = part.W;
+            p.x = xin, p.ldx = x.cols, p.T = T, p.norm_w = nw, p.eps = eps;
+            p.seg[0] = {logits + (part.members[0] == 0 ? 0 : E), E + 1, 0};
+            p.n_seg = 1;
+            gemv(p, stream_);
+        }
+        int32_t* idx = ws_idx_.ensure((size_t)T * k);
+        float* wt = ws_wt_.ensure((size_t)T * k);
+        float* sig = ws_sig_.ensure((size_t)T);
+        moe_topk(idx, wt, sig, logits, E + 1, T, E, k, md.router_bias, stream_);
+        float* h = ws_h_.ensure((size_t)T * (k + 1) * std::max(cfg_.expert_inter, cfg_.shared_inter));
+        moe_gate_up(h, md.m, idx, xin, x.cols, T, nw, eps, stream_);
+        moe_down(f32(x), x.cols, md.m, idx, wt, sig, h, T, stream_);
+    }
+
+    void end_step(const std::vector<seq_span>& spans) override {
+        prepare_batch(spans, spans.empty() ? 0 : (int)(spans.back().row0 + spans.back().n));
+        advance_seqs(seqs_dev_.get(), spans_dev_.get(), (int)spans.size(), stream_);
+    }
+
+    void argmax(const tensor& ids_out, const tensor& logits, int64_t n_valid) override {
+        float* scratch = ws_argmax_.ensure((size_t)2 * logits.rows * k_argmax_parts);
+        argmax_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols, std::min(n_valid, logits.cols),
+                    scratch, stream_);
+    }
+
+    size_t device_memory_used() const override {
+        size_t free_b = 0, total = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+        return total - free_b;
+    }
+    std::string device_name() const override { return cuda::device_name(0); }
+
+    bool supports_graphs() const override { return true; }
+    void capture_begin() override {
+        TANSY_CHECK(!capturing_, "nested capture");
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        capturing_ = true;
+    }
+    void capture_end() override {
+        TANSY_CHECK(capturing_, "capture_end without capture_begin");
+        cudaGraph_t g;
+        CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+        capturing_ = false;
+        if (graph_exec_) CUDA_CHECK(cudaGraphExecDestroy(graph_exec_));
+        CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, g, 0));
+        CUDA_CHECK(cudaGraphDestroy(g));
+    }
+    void replay() override {
+        TANSY_CHECK(graph_exec_, "replay without a captured graph");
+        CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+    }
+
+  private:
+    // Row -> (sequence, offset) and sequence -> state tables on the device, re-uploaded only when the batch's
+    // structure changes (never inside a graph capture: a replayed step has the structure it was captured with).
+    void prepare_batch(const std::vector<seq_span>& spans, int T) {
+        std::vector<drow> rows((size_t)T);
+        std::vector<dspan> sp;
+        std::vector<dseq> sq;
+        int64_t cap = 0;
+        for (size_t i = 0; i < spans.size(); i++) {
+            const seq_span& s = spans[i];
+            for (int64_t r = 0; r < s.n; r++) rows[(size_t)(s.row0 + r)] = {(int32_t)i, (int32_t)r};
+            sp.push_back({(int32_t)s.row0, (int32_t)s.n});
+            sq.push_back(static_cast<cuda_state*>(s.state)->dev());
+            cap = i == 0 ? s.state->capacity() : std::min(cap, s.state->capacity());
+            TANSY_CHECK(i == 0 || s.state->capacity() == cap, "cuda: sequences of one batch need equal capacity");
+        }
+        const bool same = rows.size() == rows_cache_.size() && sp.size() == spans_cache_.size() &&
+                          memcmp(rows.data(), rows_cache_.data(), rows.size() * sizeof(drow)) == 0 &&
+                          memcmp(sp.data(), spans_cache_.data(), sp.size() * sizeof(dspan)) == 0 &&
+                          memcmp(sq.data(), seqs_cache_.data(), sq.size() * sizeof(dseq)) == 0;
+        if (same) return;
+        TANSY_CHECK(!capturing_, "the batch structure changed during graph capture");
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        CUDA_CHECK(cudaMemcpy(rows_dev_.ensure(rows.size() + 1), rows.data(), rows.size() * sizeof(drow), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(spans_dev_.ensure(sp.size() + 1), sp.data(), sp.size() * sizeof(dspan), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(seqs_dev_.ensure(sq.size() + 1), sq.data(), sq.size() * sizeof(dseq), cudaMemcpyHostToDevice));
+        rows_cache_ = rows, spans_cache_ = sp, seqs_cache_ = sq;
+        epoch_++;  // a captured graph bakes in the old structure
+        batch_shape_ = sh_;
+        batch_shape_.capacity = cap;
+    }
+
+    static constexpr int k_attn_splits = 64;  // most context slices per (token, KV head); blocks past the end exit
+
+    model_config cfg_;
+    cudaStream_t stream_ = nullptr;
+    device_weights weights_;
+    dshape sh_, batch_shape_;
+    int n_attn_ = 0, n_gdn_ = 0;
+    device_buffer inv_freq_;
+    bool capturing_ = false;
+    uint64_t epoch_ = 0, synth_seed_ = 1;
+    float synth_skew_ = 0.0f;
+    cudaGraphExec_t graph_exec_ = nullptr;
+
+    std::vector<drow> rows_cache_;
+    std::vector<dspan> spans_cache_;
+    std::vector<dseq> seqs_cache_;
+    std::vector<int32_t> gather_cache_;
+    dev_array<drow> rows_dev_;
+    dev_array<dspan> spans_dev_;
+    dev_array<dseq> seqs_dev_;
+    dev_array<int32_t> gather_rows_dev_, ws_idx_;
+    dev_array<float> ws_norm_, ws_q_, ws_part_o_, ws_part_ml_, ws_gdn_o_, ws_router_, ws_wt_, ws_sig_, ws_h_, ws_argmax_;
+};
+
+}  // namespace
+
+std::unique_ptr<backend> make_cuda_backend(const model_config& cfg, const backend_options& opt, std::string* why) {
     std::string reason;
     if (cuda::device_count(&reason) == 0) {
         if (why) *why = reason;
         return nullptr;
     }
-    if (why) *why = "the CUDA forward pass is not implemented yet (only standalone kernels are)";
-    return nullptr;
+    auto be = std::make_unique<cuda_backend>(cfg);
+    be->set_synthetic(opt.synthetic_seed, opt.router_skew);
+    return be;
 }
 
 }  // namespace tansy

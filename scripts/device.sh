@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Build + test + bench on the GPU machine in one go (the device tool runs it in a copy of this tree, with
+# .carry from scripts/prepare-device-carry.sh). Results land in $OUT (or ./device-out).
+#   scripts/device.sh [test|bench|all] [extra bench args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}; shift || true
+OUT=${OUT:-device-out}; mkdir -p "$OUT"
+deps=$PWD/.carry/deps
+export LD_LIBRARY_PATH=$deps/lib:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+t0=$(date +%s)
+cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" \
+  -DTANSY_GTEST_SOURCE="$deps/googletest-src" -DTANSY_CUDA_ARCHS=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build-dev -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+rc=0
+if [ "$what" = test ] || [ "$what" = all ]; then
+  ctest --test-dir build-dev -L cuda --output-on-failure --timeout 150 -j 1 > "$OUT/ctest-cuda.log" 2>&1 || rc=1
+  grep -E "tests passed|tests failed|\*\*\*Failed" "$OUT/ctest-cuda.log" | head -20
+  build-dev/tests/tansy_cuda_tests --gtest_filter='cuda_model.*' 2>&1 | grep -E "^\[ (tiny|real)" | tee "$OUT/cuda-model.txt"
+  if command -v compute-sanitizer >/dev/null; then
+    timeout 200 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
+      build-dev/tests/tansy_cuda_tests --gtest_filter='cuda_gemv*:cuda_ops.tiny_shapes:cuda_ops.embed*:cuda_model.graphs*:cuda_rms*' \
+      > "$OUT/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; tail -30 "$OUT/memcheck.log"; rc=1; }
+  fi
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  timeout 300 build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json "$@" \
+    --json > "$OUT/bench.json" 2> "$OUT/bench.log" || { tail -20 "$OUT/bench.log"; rc=1; }
+  cat "$OUT/bench.log"
+fi
+if [ "$what" = profile ]; then
+  # per-kernel time of decode steps (batch 1, context 2048) with Nsight Compute; summary by kernel name
+  ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
+    -k regex:'^(?!.*synth)' build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
+    --contexts ${PROFILE_CONTEXT:-2048} --batches none --steps 1 --runs 1 --warmup 0 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
+  python3 scripts/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt"
+fi
+if [ "$what" = detail ]; then
+  # Nsight Compute sections for one launch of each decode kernel named in $KERNELS (regex), plus their SASS
+  for k in ${KERNELS:-gemv_xs_kernel}; do
+    ncu --clock-control none --graph-profiling node -k regex:"$k" --launch-skip ${SKIP:-120} --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      --section LaunchStats build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
+      --contexts 2048 --batches none --steps 4 --runs 1 --warmup 0 2>/dev/null | grep -vE "^==PROF==|^  *$" | cut -c1-120 > "$OUT/detail-$k.txt"
+    tail -60 "$OUT/detail-$k.txt"
+  done
+  cuobjdump -sass build-dev/libtansy_cuda.a 2>/dev/null | awk '/Function : .*gemv_xs_kernel.*dfmtE0ELi2ELi4E/{f=1;n=0} f{print; n++} n>4000{f=0}' \
+    | grep -nE "LDG|LDS|BAR|SHFL|EXIT|BRA|PRMT" | head -80 > "$OUT/sass.txt"
+fi
+if [ "$what" = tokenizer ] || [ "$what" = all ]; then
+  # encode speed on this machine's CPU, ours vs Hugging Face tokenizers (installed here), same text and ids
+  if [ -f .carry/tok_bench.txt.xz ]; then
+    xz -dc .carry/tok_bench.txt.xz > /tmp/tok_bench.txt
+    tj=build-dev/fixtures/tokenizers/qwen3/tokenizer.json
+    build-dev/bin/bench_tokenizer --tokenizer $tj --text-file /tmp/tok_bench.txt --runs 5 --ids-out /tmp/ids_tansy.txt 2>&1 | tail -3
+    python3 scripts/bench_tokenizer_hf.py --tokenizer $tj --text-file /tmp/tok_bench.txt --runs 3 --ids-out /tmp/ids_hf.txt 2>&1 | tail -3
+    cmp -s /tmp/ids_tansy.txt /tmp/ids_hf.txt && echo "tokenizer: ids identical to HF" || echo "tokenizer: ids DIFFER from HF"
+  fi
+fi
+exit $rc

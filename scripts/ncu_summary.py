@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Summarise an `ncu --csv --metrics gpu__time_duration.sum` log: time per kernel name over the last decode
+step (the kernels after the final launch of the first kernel of a step), largest first."""
+import csv, re, sys
+from collections import defaultdict
+
+rows = []
+with open(sys.argv[1]) as f:
+    lines = [l for l in f if l.startswith('"')]
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    name = re.sub(r"\(.*", "", r["Kernel Name"]).strip()
+    unit = r.get("Metric Unit", "nsecond")
+    v = float(r["Metric Value"].replace(",", ""))
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6}.get(unit, 1.0)
+    rows.append((int(r["ID"]), name, v * scale))
+rows.sort()
+# the last decode step starts at the last embed launch
+starts = [i for i, (_, n, _) in enumerate(rows) if "embed" in n]
+step = rows[starts[-1]:] if starts else rows
+tot = defaultdict(float)
+cnt = defaultdict(int)
+for _, n, us in step:
+    tot[n] += us
+    cnt[n] += 1
+total = sum(tot.values())
+print(f"one decode step: {len(step)} kernels, {total:.1f} us of kernel time")
+for n, us in sorted(tot.items(), key=lambda x: -x[1]):
+    print(f"{us:10.1f} us {100 * us / total:5.1f}%  x{cnt[n]:4d}  {n[:110]}")

@@ -1,0 +1,141 @@
+// Gated DeltaNet kernels (dk = 128: 4 warps x 32 key rows; 32 value columns per block, one per lane).
+// v1: tokens of a span are processed in order inside the block (the decode recurrence; prefill of a span is
+//     correct but sequential until the chunked form lands). The conv state is double-buffered by step parity so
+//     blocks that share key heads can all read the old window while its owner writes the new one.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gdn.cuh"
+
+namespace tansy::cuda {
+
+namespace {
+
+constexpr int DK = 128, COLS = 32, k_warps = DK / 32;
+
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// Conv output of channel ch for the span's token r (0-based in the span), window = 3 earlier raw inputs:
+// from the span's own rows when r-3+j >= 0, else from the parity buffer (rows oldest first).
+__device__ __forceinline__ float conv_at(const gdn_params& p, const float* state, int row0, int r, int ch) {
+    const int C = (int)p.shape.conv_ch, P = p.K - 1;
+    float acc = 0;
+    for (int j = 0; j < p.K; j++) {
+        const int idx = r - P + j;
+        const float x = idx >= 0 ? p.qkv[(int64_t)(row0 + idx) * C + ch] : state[(P + idx) * C + ch];
+        acc = fmaf(p.conv_w[ch * p.K + j], x, acc);
+    }
+    return siluf_(acc);
+}
+
+__global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p) {
+    __shared__ float s_q[DK], s_k[DK], s_v[COLS], s_red[k_warps][COLS], s_scal[2];
+    __shared__ float s_sum[2][32];
+    const int span = blockIdx.x, h = blockIdx.y, cb = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
+    const dspan sp = p.spans[span];
+    const dseq sq = p.seqs[span];
+    const int parity = sq.meta[1] & 1;
+    const float* cstate = conv_buf(sq, p.shape, p.slot, parity);
+    float* cnext = conv_buf(sq, p.shape, p.slot, parity ^ 1);
+    const int group = p.Hv / p.Hk, kh = h / group, kd = p.Hk * p.dk;
+    const int ch_q = kh * DK + tid, ch_k = kd + kh * DK + tid, ch_v = 2 * kd + h * p.dv + cb * COLS + lane;
+    const int col = cb * COLS + lane;
+    float* S = s_buf(sq, p.shape, p.slot) + (int64_t)h * DK * p.dv;
+    // state slice: rows 32*warp .. +32, column `col`, in registers for the whole span
+    float st[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) st[i] = S[(int64_t)(warp * 32 + i) * p.dv + col];
+    const float A = -expf(p.A_log[h]), dtb = p.dt_bias[h];
+    const float qscale = rsqrtf((float)DK);
+
+    for (int r = 0; r < sp.n; r++) {
+        const int row = sp.row0 + r;
+        // 1. conv + SiLU of this block's channels
+        const float qv = conv_at(p, cstate, sp.row0, r, ch_q), kv = conv_at(p, cstate, sp.row0, r, ch_k);
+        if (warp == 0) s_v[lane] = conv_at(p, cstate, sp.row0, r, ch_v);
+        // 2. L2 norms of q and k over the key head (q also scaled by 1/sqrt(dk))
+        float sq_ = warp_sum(qv * qv), sk_ = warp_sum(kv * kv);
+        if (lane == 0) s_sum[0][warp] = sq_, s_sum[1][warp] = sk_;
+        __syncthreads();
+        float tq = 0, tk = 0;
+#pragma unroll
+        for (int w = 0; w < k_warps; w++) tq += s_sum[0][w], tk += s_sum[1][w];
+        s_q[tid] = qv * rsqrtf(tq + 1e-6f) * qscale;
+        s_k[tid] = kv * rsqrtf(tk + 1e-6f);
+        // 3. gates: beta = sigmoid(b), alpha = exp(-exp(A_log) softplus(a + dt_bias))
+        if (tid == 0) {
+            s_scal[0] = sigmoidf_(p.b[(int64_t)row * p.Hv + h]);
+            s_scal[1] = expf(A * softplusf_(p.a[(int64_t)row * p.Hv + h] + dtb));
+        }
+        __syncthreads();
+        const float beta = s_scal[0], alpha = s_scal[1];
+        // 4. u = (alpha S)^T k; delta = beta (v - u); S = alpha S + k delta^T; o = S^T q
+        float u = 0;
+#pragma unroll
+        for (int i = 0; i < 32; i++) u = fmaf(st[i], s_k[warp * 32 + i], u);
+        s_red[warp][lane] = u;
+        __syncthreads();
+        u = 0;
+#pragma unroll
+        for (int w = 0; w < k_warps; w++) u += s_red[w][lane];
+        const float delta = beta * (s_v[lane] - alpha * u);
+        float o = 0;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            st[i] = fmaf(alpha, st[i], s_k[warp * 32 + i] * delta);
+            o = fmaf(st[i], s_q[warp * 32 + i], o);
+        }
+        __syncthreads();  // everyone has read s_red
+        s_red[warp][lane] = o;
+        __syncthreads();
+        if (warp == 0) {
+            float ot = 0;
+#pragma unroll
+            for (int w = 0; w < k_warps; w++) ot += s_red[w][lane];
+            p.o[(int64_t)row * p.Hv * p.dv + h * p.dv + col] = ot;
+        }
+        __syncthreads();  // s_q, s_k, s_v, s_red reused by the next token
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) S[(int64_t)(warp * 32 + i) * p.dv + col] = st[i];
+
+    // 5. new conv window (the last K-1 raw inputs) into the other parity buffer, each channel by one owner:
+    //    q/k channels of key head kh by the block (first value head of the group, first column block), v by all.
+    const int C = (int)p.shape.conv_ch, P = p.K - 1;
+    auto window = [&](int ch, int j) {  // raw input j (0 = oldest) of the window after the span
+        const int idx = sp.n - P + j;
+        return idx >= 0 ? p.qkv[(int64_t)(sp.row0 + idx) * C + ch] : cstate[(P + idx) * C + ch];
+    };
+    const bool owner_qk = (h % group == 0) && cb == 0;
+    for (int j = 0; j < P; j++) {
+        if (owner_qk) {
+            cnext[j * C + ch_q] = window(ch_q, j);
+            cnext[j * C + ch_k] = window(ch_k, j);
+        }
+        if (warp == 0) cnext[j * C + ch_v] = window(ch_v, j);
+    }
+}
+
+// y = o / rms(o) * w * silu(z) per (row, head) of dv values; one block of dv threads per (row, head).
+__global__ void gated_norm_kernel(const gdn_params p) {
+    __shared__ float scratch[32];
+    const int64_t rh = blockIdx.x;  // row * Hv + head
+    const int j = threadIdx.x;
+    const float o = p.o[rh * p.dv + j];
+    const float inv = rsqrtf(block_sum(o * o, scratch) / (float)p.dv + p.eps);
+    p.out[rh * p.dv + j] = o * inv * p.norm_w[j] * siluf_(p.z[rh * p.dv + j]);
+}
+
+}  // namespace
+
+void gdn_forward(const gdn_params& p, cudaStream_t stream) {
+    TANSY_CHECK(p.dk == DK, "cuda deltanet supports key head dim %d, got %d", DK, p.dk);
+    TANSY_CHECK(p.dv % COLS == 0 && p.dv <= 1024, "cuda deltanet: value head dim %d", p.dv);
+    TANSY_CHECK(p.K >= 2 && p.Hv % p.Hk == 0, "cuda deltanet: conv kernel %d", p.K);
+    if (p.T == 0) return;
+    recur_kernel<<<dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)), DK, 0, stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+    gated_norm_kernel<<<(unsigned)(p.T * p.Hv), (unsigned)p.dv, 0, stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tansy::cuda

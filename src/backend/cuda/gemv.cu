@@ -1,0 +1,274 @@
+// GEMV kernels.
+// v1: a warp splits into 32/L subgroups of L lanes; each subgroup owns R consecutive rows and walks their
+//     16-byte chunks (lane stride L), keeping the input chunk in registers across the R rows. Affine formats
+//     use y = sum_g scale_g * (sum q x) + bias_g * (sum x). H200, synthetic 35B, batch 1: 1.5 TB/s on lm_head,
+//     0.24 TB/s on the fused projections (a serial per-block norm prologue), 128 blocks only for 2048 rows.
+// v2: the norm prologue is one parallel round trip; 4-bit codes dequantise as (1 + q/16) (one byte_perm + one
+//     FFMA per weight, common.cuh); each lane issues the loads of U=2 chunks x R rows before computing; R
+//     (rows per subgroup) shrinks for small matrices so that the grid still fills the GPU. H200: fused
+//     projections 35 us (0.4 TB/s), o_proj 12.7 us, lm_head 207 us (1.4 TB/s): the input chunk re-read from L1
+//     for every few rows costs 8x the weight bytes.
+// v3: for one input row, gemv_xs_kernel keeps x in registers and walks rows (below); v2 remains for T > 1.
+#include <algorithm>
+
+#include "backend/cuda/gemv.cuh"
+
+namespace tansy::cuda {
+
+namespace {
+
+constexpr int k_warps = 4, U = 2;
+
+// note: nw is passed by reference with a flag, never as a pointer: taking its address would move it to local
+// memory (the v2 build showed 128-byte stack frames until this).
+template <dfmt F>
+__device__ __forceinline__ float load_x_chunk(float (&xv)[chunk_values<F>()], const float* x,
+                                              const float (&nw)[chunk_values<F>()], bool norm, float scale) {
+    constexpr int CH = chunk_values<F>();
+#pragma unroll
+    for (int i = 0; i < CH; i += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(x + i);
+        xv[i] = v.x, xv[i + 1] = v.y, xv[i + 2] = v.z, xv[i + 3] = v.w;
+    }
+    float sx = 0;
+#pragma unroll
+    for (int i = 0; i < CH; i++) {
+        if (norm) xv[i] *= scale * nw[i];
+        sx += xv[i];
+    }
+    return sx;
+}
+
+__device__ __forceinline__ void store_out(const gemv_params& p, int64_t row, int t, float v) {
+    int s = 0;
+    while (s + 1 < p.n_seg && row >= p.seg[s + 1].row0) s++;
+    float* o = p.seg[s].out + t * p.seg[s].ld + (row - p.seg[s].row0);
+    *o = p.accumulate ? *o + v : v;
+}
+
+template <dfmt F, int R, int TB>
+__global__ void __launch_bounds__(k_warps * 32) gemv_kernel(const gemv_params p, int L) {
+    constexpr int CH = chunk_values<F>();
+    constexpr bool AFFINE = F != dfmt::bf16;
+    __shared__ float s_inv[k_gemv_max_norm_rows];
+    const int64_t K = p.W.cols, N = p.W.rows, n_chunks = K / CH, rw = p.W.row_words(), ng = p.W.n_groups();
+    if (p.norm_w) block_inv_rms_rows(s_inv, p.x, p.ldx, p.T, K, p.eps);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sl = lane % L;
+    const int64_t row0 = ((int64_t)blockIdx.x * k_warps + warp) * (32 / L) * R + (lane / L) * R;
+    // note: an idle subgroup must not return: its lanes still take part in the warp's shuffles below
+    const bool active = row0 < N;
+    const uint4* wbase[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wbase[r] = reinterpret_cast<const uint4*>(p.W.w + min(row0 + r, N - 1) * rw);
+
+    for (int t0 = 0; t0 < p.T; t0 += TB) {
+        float acc[R][TB];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int tb = 0; tb < TB; tb++) acc[r][tb] = 0.0f;
+        for (int64_t c0 = sl; active && c0 < n_chunks; c0 += U * L) {
+            uint4 wv[U][R];
+            uint32_t sb[U][R];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t c = min(c0 + u * L, n_chunks - 1);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    wv[u][r] = __ldg(wbase[r] + c);
+                    if constexpr (AFFINE) sb[u][r] = __ldg(p.W.sb + min(row0 + r, N - 1) * ng + (c * CH) / p.W.group);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t c = c0 + u * L;
+                if (c >= n_chunks) break;
+                float nw[CH];
+                if (p.norm_w) {
+#pragma unroll
+                    for (int i = 0; i < CH; i += 4) {
+                        const float4 v = __ldg(reinterpret_cast<const float4*>(p.norm_w + c * CH + i));
+                        nw[i] = v.x, nw[i + 1] = v.y, nw[i + 2] = v.z, nw[i + 3] = v.w;
+                    }
+                }
+#pragma unroll
+                for (int tb = 0; tb < TB; tb++) {
+                    const int t = t0 + tb;
+                    if (t >= p.T) break;
+                    float xv[CH];
+                    const float sx = load_x_chunk<F>(xv, p.x + t * p.ldx + c * CH, nw, p.norm_w != nullptr,
+                                                     p.norm_w ? s_inv[t] : 1.0f);
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const float d = chunk_dot<F>(wv[u][r], xv, sx);
+                        if constexpr (AFFINE)
+                            acc[r][tb] += sb_scale(sb[u][r]) * d + sb_bias(sb[u][r]) * sx;
+                        else
+                            acc[r][tb] += d;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int tb = 0; tb < TB; tb++)
+                for (int o = L / 2; o > 0; o >>= 1) acc[r][tb] += __shfl_xor_sync(0xffffffffu, acc[r][tb], o);
+        if (active && sl == 0) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int tb = 0; tb < TB; tb++)
+                    if (row0 + r < N && t0 + tb < p.T) store_out(p, row0 + r, t0 + tb, acc[r][tb]);
+        }
+    }
+}
+
+// T == 1, the decode hot path. The input row is held in registers for the whole kernel: lane l multiplies the
+// chunks l, l+32, l+64, ... of every row, so it loads (and normalises) them once, and the warps then walk rows
+// with only weight traffic (v2 re-read 128 bytes of x per 16 bytes of weight from L1, which capped small
+// matrices at ~0.4 TB/s).
+template <dfmt F, int CPL, int R>
+__global__ void __launch_bounds__(k_warps * 32) gemv_xs_kernel(const gemv_params p) {
+    constexpr int CH = chunk_values<F>();
+    constexpr bool AFFINE = F != dfmt::bf16;
+    __shared__ float s_inv[1];
+    extern __shared__ float s_x[];
+    const int64_t K = p.W.cols, N = p.W.rows, rw = p.W.row_words(), ng = p.W.n_groups();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t stride = (int64_t)gridDim.x * k_warps * R;
+    int64_t row0 = ((int64_t)blockIdx.x * k_warps + warp) * R;
+    uint4 wv[R][CPL];
+    uint32_t sb[R][CPL];
+    auto load = [&](int64_t r0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t row = min(r0 + r, N - 1);
+            const uint4* wr = reinterpret_cast<const uint4*>(p.W.w + row * rw);
+#pragma unroll
+            for (int i = 0; i < CPL; i++) {
+                wv[r][i] = __ldg(wr + lane + 32 * i);
+                if constexpr (AFFINE) sb[r][i] = __ldg(p.W.sb + row * ng + ((lane + 32 * i) * CH) / p.W.group);
+            }
+        }
+    };
+    // The weights do not depend on the input: their first loads fly while the block normalises and stages x.
+    if (row0 < N) load(row0);
+    if (p.norm_w) block_inv_rms_rows(s_inv, p.x, p.ldx, 1, K, p.eps);
+    float xv[CPL][CH], sx[CPL];
+    stage_x<CH, CPL>(xv, sx, p.x, p.norm_w, p.norm_w ? s_inv[0] : 1.0f, K, s_x);
+    for (; row0 < N; row0 += stride) {
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            acc[r] = 0;
+#pragma unroll
+            for (int i = 0; i < CPL; i++) {
+                const float d = chunk_dot<F>(wv[r][i], xv[i], sx[i]);
+                if constexpr (AFFINE)
+                    acc[r] += sb_scale(sb[r][i]) * d + sb_bias(sb[r][i]) * sx[i];
+                else
+                    acc[r] += d;
+            }
+        }
+        if (row0 + stride < N) load(row0 + stride);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float a = warp_sum(acc[r]);
+            if (lane == 0 && row0 + r < N) store_out(p, row0 + r, 0, a);
+        }
+    }
+}
+
+template <dfmt F, int CPL, int R>
+void launch_xs(const gemv_params& p, cudaStream_t stream) {
+    static int max_blocks = 0;  // resident blocks on the whole GPU, from the occupancy calculator
+    if (!max_blocks) {
+        int per_sm = 0, dev = 0, sms = 0;
+        const size_t smem = (size_t)32 * CPL * (chunk_values<F>() + 4) * sizeof(float);
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_xs_kernel<F, CPL, R>, k_warps * 32, smem));
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        max_blocks = std::max(1, per_sm) * sms;
+    }
+    const int64_t per_block = (int64_t)k_warps * R;
+    const int64_t blocks = std::min<int64_t>(max_blocks, (p.W.rows + per_block - 1) / per_block);
+    const size_t smem = (size_t)(p.W.cols / chunk_values<F>()) * (chunk_values<F>() + 4) * sizeof(float);
+    gemv_xs_kernel<F, CPL, R><<<(unsigned)blocks, k_warps * 32, smem, stream>>>(p);
+}
+
+// Chunks per lane when the row splits evenly over 32 lanes and the input fits in 128 registers; else 0.
+template <dfmt F>
+int xs_chunks_per_lane(int64_t n_chunks) {
+    if (n_chunks % 32) return 0;
+    const int64_t cpl = n_chunks / 32;
+    return cpl * chunk_values<F>() <= 128 ? (int)cpl : 0;
+}
+
+template <dfmt F, int R, int TB>
+void launch_rt(const gemv_params& p, int L, cudaStream_t stream) {
+    const int64_t per_block = (int64_t)k_warps * (32 / L) * R;
+    gemv_kernel<F, R, TB><<<(unsigned)((p.W.rows + per_block - 1) / per_block), k_warps * 32, 0, stream>>>(p, L);
+}
+
+template <dfmt F>
+void launch(const gemv_params& p, cudaStream_t stream) {
+    const int64_t n_chunks = p.W.cols / chunk_values<F>();
+    if (p.T == 1) {
+        bool done = true;
+        switch (xs_chunks_per_lane<F>(n_chunks)) {
+            case 1: launch_xs<F, 1, 4>(p, stream); break;
+            case 2: launch_xs<F, 2, 4>(p, stream); break;
+            case 4: launch_xs<F, 4, 2>(p, stream); break;
+            case 8:
+                if constexpr (chunk_values<F>() <= 16) launch_xs<F, 8, 2>(p, stream);
+                else done = false;
+                break;
+            default: done = false;
+        }
+        if (done) {
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
+    const int L = gemv_lanes_per_row(n_chunks);
+    // Rows per subgroup: more rows share each input chunk, but the grid must still cover every SM several
+    // times over (132 SMs on an H200).
+    const int64_t rows_per_r1_block = (int64_t)k_warps * (32 / L);
+    const int64_t blocks_r1 = (p.W.rows + rows_per_r1_block - 1) / rows_per_r1_block;
+    const int R = blocks_r1 >= 4096 ? 4 : blocks_r1 >= 2048 ? 2 : 1;
+    if (p.T == 1) {
+        if (R == 4) launch_rt<F, 4, 1>(p, L, stream);
+        else if (R == 2) launch_rt<F, 2, 1>(p, L, stream);
+        else launch_rt<F, 1, 1>(p, L, stream);
+    } else {  // 4 input rows per pass: at most 2 rows per subgroup, or the accumulators spill
+        if (R >= 2) launch_rt<F, 2, 4>(p, L, stream);
+        else launch_rt<F, 1, 4>(p, L, stream);
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+int gemv_lanes_per_row(int64_t n_chunks) {
+    int L = 1;
+    while (L < 32 && 2 * L <= n_chunks) L *= 2;
+    return L;
+}
+
+void gemv(const gemv_params& p, cudaStream_t stream) {
+    const int CH = p.W.fmt == dfmt::q4 ? 32 : p.W.fmt == dfmt::q8 ? 16 : 8;
+    TANSY_CHECK(p.W.cols % CH == 0, "gemv: %lld columns is not a multiple of %d", (long long)p.W.cols, CH);
+    TANSY_CHECK(p.W.fmt == dfmt::bf16 || (p.W.group % CH == 0), "gemv: group %d vs chunk %d", p.W.group, CH);
+    TANSY_CHECK(p.ldx % 4 == 0 && p.T >= 1, "gemv: ldx %lld, T %d", (long long)p.ldx, p.T);
+    TANSY_CHECK(!p.norm_w || p.T <= k_gemv_max_norm_rows, "gemv: norm prologue with T=%d", p.T);
+    TANSY_CHECK(p.n_seg >= 1 && p.n_seg <= 4 && p.seg[0].row0 == 0, "gemv: %d segments", p.n_seg);
+    if (p.W.rows == 0) return;
+    switch (p.W.fmt) {
+        case dfmt::q4: launch<dfmt::q4>(p, stream); break;
+        case dfmt::q8: launch<dfmt::q8>(p, stream); break;
+        case dfmt::bf16: launch<dfmt::bf16>(p, stream); break;
+    }
+}
+
+}  // namespace tansy::cuda

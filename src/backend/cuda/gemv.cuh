@@ -1,0 +1,61 @@
+// Matrix-vector products over device weights (q4/q8 affine or bf16), for a handful of input rows (decode,
+// small batches; larger T works, correct but not yet fast). Host launchers only; kernels are in gemv.cu.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+
+namespace tansy::cuda {
+
+// A weight matrix W [rows, cols] on the device, used as y = W x.
+struct dmat {
+    dfmt fmt = dfmt::bf16;
+    int64_t rows = 0, cols = 0;
+    int group = 0;                 // affine formats: columns per (scale, bias)
+    const uint32_t* w = nullptr;   // row-major; q4: cols/8 words per row, q8: cols/4, bf16: cols/2
+    const uint32_t* sb = nullptr;  // affine: [rows, cols/group] bf16x2 (scale | bias << 16)
+
+    __host__ __device__ int bits() const { return fmt == dfmt::q4 ? 4 : fmt == dfmt::q8 ? 8 : 16; }
+    __host__ __device__ int64_t row_words() const { return cols * bits() / 32; }
+    __host__ __device__ int64_t n_groups() const { return fmt == dfmt::bf16 ? 0 : cols / group; }
+    __host__ __device__ size_t bytes() const { return (size_t)rows * (size_t)(row_words() + n_groups()) * 4; }
+    __host__ __device__ dmat rows_view(int64_t r0, int64_t n) const {
+        dmat m = *this;
+        m.rows = n;
+        m.w = w + r0 * row_words();
+        if (sb) m.sb = sb + r0 * n_groups();
+        return m;
+    }
+};
+
+// Output rows of the (possibly concatenated) matrix go to up to 4 separate tensors: rows [row0_i, row0_{i+1})
+// are written to out_i + t * ld_i + (r - row0_i).
+struct gemv_segment {
+    float* out = nullptr;
+    int64_t ld = 0;
+    int64_t row0 = 0;
+};
+
+struct gemv_params {
+    dmat W;
+    const float* x = nullptr;  // [T, ldx], first W.cols used
+    int64_t ldx = 0;
+    int T = 1;
+    const float* norm_w = nullptr;  // optional: x rows are RMS-normalised with these weights first (T <= 16)
+    float eps = 1e-6f;
+    gemv_segment seg[4];
+    int n_seg = 1;
+    bool accumulate = false;  // out += W x instead of out = W x
+};
+
+constexpr int k_gemv_max_norm_rows = 16;
+
+// CPU twin: cpu::matmul (+ cpu::rms_norm for the norm prologue).
+void gemv(const gemv_params& p, cudaStream_t stream);
+
+// Lanes that cooperate on one row: the largest power of two <= min(32, chunks per row).
+int gemv_lanes_per_row(int64_t n_chunks);
+
+}  // namespace tansy::cuda

@@ -1,0 +1,37 @@
+// MoE block on the device (MODEL.md §5), without host synchronisation: router logits come from gemv() on
+// the concatenated [router; shared_expert_gate] rows; then top-k, the selected experts' gate/up, and the down
+// projections combined into the residual stream. Host launchers only.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "backend/cuda/gemv.cuh"
+
+namespace tansy::cuda {
+
+// Experts stacked: expert e's rows are [e*rows_per_expert, (e+1)*rows_per_expert) of gate/up/down.
+struct dmoe {
+    dmat gate, up;        // [E*F, D]
+    dmat down;            // [E*D, F]
+    dmat s_gate, s_up;    // [Fs, D]
+    dmat s_down;          // [D, Fs]
+    int E = 0, k = 0;
+    int64_t F = 0, Fs = 0, D = 0;
+};
+
+// logits [T, ld] holds E router logits then the shared-expert gate logit in column E. Writes idx/wt [T, k]
+// (descending weight; ties to the lower id) and sig [T] = sigmoid(shared gate). bias (optional, [E]) is added
+// to the router logits before selection (synthetic routing skew).
+// CPU twin: cpu::moe_route.
+void moe_topk(int32_t* idx, float* wt, float* sig, const float* logits, int64_t ld, int T, int E, int k,
+              const float* bias, cudaStream_t stream);
+
+// h [T, k+1, max(F, Fs)]: slot j < k is expert idx[t][j], slot k the shared expert;
+// h = silu(W_gate m) * (W_up m) with m = rms_norm(x[t], norm_w).
+void moe_gate_up(float* h, const dmoe& m, const int32_t* idx, const float* x, int64_t ldx, int T,
+                 const float* norm_w, float eps, cudaStream_t stream);
+
+// x[t] += sum_j wt[t][j] * W_down^{idx[t][j]} h[t][j] + sig[t] * W_sdown h[t][k]
+void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
+              const float* h, int T, cudaStream_t stream);
+
+}  // namespace tansy::cuda

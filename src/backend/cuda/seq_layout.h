@@ -1,0 +1,50 @@
+// Device-side layout of per-sequence state and of a batch, shared by the kernels and the backend.
+#pragma once
+#include <cstdint>
+
+namespace tansy::cuda {
+
+// One sequence's state lives in one allocation:
+//   kv    [n_attn][2 (K, V)][capacity][Hkv*dh] bf16 (K after norm + RoPE, V raw)
+//   conv  [n_gdn][2 (parity)][K-1][C] fp32  raw pre-conv inputs, oldest first; read parity steps&1, write the other
+//   S     [n_gdn][Hv][dk][dv] fp32
+//   meta  [0] = n_past (tokens processed), [1] = steps (forward steps taken)
+struct dseq {
+    uint16_t* kv = nullptr;
+    float* conv = nullptr;
+    float* S = nullptr;
+    int32_t* meta = nullptr;
+};
+
+struct dshape {
+    int64_t capacity = 0, kvd = 0;            // KV cache rows and Hkv*dh
+    int64_t conv_rows = 0, conv_ch = 0;       // K-1, C
+    int64_t s_elems = 0;                      // Hv*dk*dv per layer
+};
+
+// Batch rows on the device: for row r, the sequence it belongs to and its offset within that sequence's span.
+struct drow {
+    int32_t seq, offset;
+};
+
+// A sequence's span in the batch.
+struct dspan {
+    int32_t row0, n;
+};
+
+#if defined(__CUDACC__)
+__host__ __device__ inline uint16_t* kv_k(const dseq& s, const dshape& d, int slot) {
+    return s.kv + (size_t)(2 * slot) * d.capacity * d.kvd;
+}
+__host__ __device__ inline uint16_t* kv_v(const dseq& s, const dshape& d, int slot) {
+    return s.kv + (size_t)(2 * slot + 1) * d.capacity * d.kvd;
+}
+__host__ __device__ inline float* conv_buf(const dseq& s, const dshape& d, int slot, int parity) {
+    return s.conv + ((size_t)(2 * slot + parity)) * d.conv_rows * d.conv_ch;
+}
+__host__ __device__ inline float* s_buf(const dseq& s, const dshape& d, int slot) {
+    return s.S + (size_t)slot * d.s_elems;
+}
+#endif
+
+}  // namespace tansy::cuda

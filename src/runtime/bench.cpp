@@ -1,0 +1,96 @@
+#include "runtime/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace tansy {
+
+double decode_bytes_per_step(const model& m, int64_t B, int64_t ctx) {
+    const model_config& c = m.cfg;
+    const model_weights& w = m.w;
+    double bytes = (double)B * (double)w.embed.bytes() / (double)w.embed.rows + (double)w.lm_head.bytes();
+    // expected distinct experts among B tokens choosing k of E each: E (1 - (1 - k/E)^B)  (MODEL.md §9.2)
+    const double E = (double)c.n_experts, distinct = E * (1.0 - std::pow(1.0 - (double)c.top_k / E, (double)B));
+    for (const layer_weights& l : w.layers) {
+        if (l.kind == layer_kind::full_attention)
+            bytes += (double)(l.attn.q_proj.bytes() + l.attn.k_proj.bytes() + l.attn.v_proj.bytes() + l.attn.o_proj.bytes());
+        else
+            bytes += (double)(l.gdn.in_qkv.bytes() + l.gdn.in_z.bytes() + l.gdn.in_b.bytes() + l.gdn.in_a.bytes() +
+                              l.gdn.out_proj.bytes());
+        const moe_weights& mw = l.moe;
+        bytes += (double)(mw.router.bytes() + mw.shared_expert_gate.bytes() + mw.shared_gate.bytes() +
+                          mw.shared_up.bytes() + mw.shared_down.bytes());
+        bytes += distinct * (double)(mw.gate[0].bytes() + mw.up[0].bytes() + mw.down[0].bytes());
+    }
+    // per sequence: KV cache read (bf16 K and V of every attention layer) and DeltaNet state read + write (fp32)
+    const double kv = (double)c.n_full_attention() * 2.0 * (double)c.kv_dim() * 2.0 * (double)ctx;
+    const double n_gdn = (double)(c.n_layers() - c.n_full_attention());
+    const double state = n_gdn * 2.0 * 4.0 * (double)(c.lin_v_heads * c.lin_k_dim * c.lin_v_dim) +
+                         n_gdn * 2.0 * 4.0 * (double)((c.conv_kernel - 1) * c.lin_conv_dim());
+    return bytes + (double)B * (kv + state);
+}
+
+bench_point bench_decode(engine& eng, int64_t B, int64_t ctx, const bench_options& o) {
+    using clock = std::chrono::steady_clock;
+    backend& be = eng.be();
+    forward_pass& fw = eng.fwd();
+    const int64_t total_steps = (int64_t)o.warmup + 2 + (int64_t)o.runs * o.steps;
+    std::vector<std::unique_ptr<seq_state>> states;
+    std::vector<seq_span> spans;
+    for (int64_t b = 0; b < B; b++) {
+        states.push_back(eng.new_sequence(ctx + total_steps + 1));
+        be.pretend_context(*states.back(), ctx);
+        spans.push_back({states.back().get(), b, 1, ctx});
+    }
+    buffer ids = be.alloc(B, 1, dtype::i32);
+    std::vector<int32_t> start((size_t)B);
+    for (int64_t b = 0; b < B; b++) start[(size_t)b] = (int32_t)((b * 7919 + 17) % eng.n_valid_tokens());
+    be.upload(ids.t(), start.data());
+    auto step = [&] {
+        for (seq_span& s : spans) s.pos0 = s.state->n_past();
+        be.argmax(ids.t(), fw.run(ids.t(), spans, logits_rows::last), eng.n_valid_tokens());
+    };
+    step();  // settles buffers and the batch layout
+    bench_point r;
+    r.batch = B, r.context = ctx;
+    r.graphs = be.supports_graphs();
+    if (r.graphs) {
+        for (seq_span& s : spans) s.pos0 = s.state->n_past();
+        be.capture_begin();
+        be.argmax(ids.t(), fw.run(ids.t(), spans, logits_rows::last), eng.n_valid_tokens());
+        be.capture_end();
+        be.replay();
+    } else {
+        step();
+    }
+    auto one = [&] {
+        if (r.graphs) {
+            be.replay();
+            for (auto& s : states) s->set_n_past(s->n_past() + 1);
+        } else {
+            step();
+        }
+    };
+    for (int i = 0; i < o.warmup; i++) one();
+    be.synchronize();
+    std::vector<double> per_step;
+    for (int run = 0; run < o.runs; run++) {
+        auto t0 = clock::now();
+        for (int i = 0; i < o.steps; i++) one();
+        be.synchronize();
+        per_step.push_back(std::chrono::duration<double>(clock::now() - t0).count() / o.steps);
+    }
+    std::sort(per_step.begin(), per_step.end());
+    r.step_s = per_step[per_step.size() / 2];
+    r.tok_s = (double)B / r.step_s;
+    r.bytes_per_step = decode_bytes_per_step(eng.mdl(), B, ctx + (int64_t)o.warmup + o.runs * o.steps / 2);
+    r.gbps = r.bytes_per_step / r.step_s / 1e9;
+    r.roofline_pct = 100.0 * r.gbps / o.peak_gbps;
+    r.peak_gib = (double)be.device_memory_used() / (double)(1ull << 30);
+    return r;
+}
+
+}  // namespace tansy

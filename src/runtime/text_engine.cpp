@@ -1,0 +1,29 @@
+#include "runtime/text_engine.h"
+
+#include "core/check.h"
+#include "model/config.h"
+
+namespace tansy {
+
+text_engine::text_engine(const engine_options& opt) {
+    dir_ = opt.model_dir.empty() ? default_model_dir() : opt.model_dir;
+    engine_options o = opt;
+    o.model_dir = dir_;
+    engine_ = std::make_unique<engine>(o);
+    if (!file_exists(dir_ + "/tokenizer.json")) fail("%s: no tokenizer.json (text commands need one)", dir_.c_str());
+    tok_ = std::make_unique<tokenizer>(tokenizer::load(dir_ + "/tokenizer.json"));
+    if (tok_->size() > engine_->cfg().vocab)
+        fail("%s: the tokenizer has %lld ids but the model only %lld embedding rows", dir_.c_str(),
+             (long long)tok_->size(), (long long)engine_->cfg().vocab);
+    // Ids beyond the tokenizer are padding rows of the embedding: never sampled (MODEL.md §6).
+    engine_->set_valid_tokens(tok_->size());
+    eos_ = load_eos_ids(dir_);
+    if (eos_.empty()) {
+        const int32_t im_end = tok_->find("<|im_end|>");
+        if (im_end >= 0) eos_.push_back(im_end);
+    }
+    think_begin_ = tok_->find("<think>");
+    think_end_ = tok_->find("</think>");
+}
+
+}  // namespace tansy

@@ -1,0 +1,138 @@
+// gemv (CUDA) vs cpu::matmul (+ cpu::rms_norm) on odd shapes and fresh random inputs, for every weight format.
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/gemv.cuh"
+#include "cuda_test_util.h"
+
+using namespace tansy;
+
+namespace {
+
+// fp32 accumulation in a different order (lanes, groups): relative error ~1e-6; 1e-5 catches any wrong term.
+constexpr double TOL_GEMV_REL = 1e-5;
+
+using cuda::dfmt;
+
+}  // namespace
+
+struct gemv_case {
+    int fmt;  // 0 q4, 1 q8, 2 bf16
+    int64_t rows, cols;
+    int T;
+    bool norm, accumulate;
+};
+
+class cuda_gemv : public ::testing::TestWithParam<gemv_case> {};
+
+TEST_P(cuda_gemv, matches_cpu_twin) {
+    TANSY_REQUIRE_GPU();
+    const gemv_case g = GetParam();
+    const dfmt f = g.fmt == 0 ? dfmt::q4 : g.fmt == 1 ? dfmt::q8 : dfmt::bf16;
+    const int bits = f == dfmt::q4 ? 4 : 8, group = 64;
+    std::mt19937 rng((uint32_t)(g.rows * 131 + g.cols * 7 + g.T));
+    // host weights in the checkpoint formats
+    matrix m;
+    m.rows = g.rows, m.cols = g.cols, m.name = "w";
+    std::vector<uint32_t> words;
+    std::vector<uint16_t> sc, bi, dense, sbw;
+    std::vector<uint32_t> sb;
+    if (f != dfmt::bf16) {
+        words.resize((size_t)(g.rows * g.cols * bits / 32));
+        for (auto& w : words) w = rng();
+        const int64_t G = g.cols / group;
+        auto s = test::random_uniform((size_t)(g.rows * G), rng(), 0.001f, 0.05f);
+        auto b = test::random_uniform((size_t)(g.rows * G), rng(), -0.3f, 0.3f);
+        for (size_t i = 0; i < s.size(); i++) {
+            sc.push_back(f32_to_bf16(s[i]));
+            bi.push_back(f32_to_bf16(b[i]));
+            sb.push_back((uint32_t)sc.back() | ((uint32_t)bi.back() << 16));
+        }
+        m.fmt = wfmt::affine, m.type = dtype::bf16, m.bits = bits, m.group = group;
+        m.w = (const uint8_t*)words.data(), m.scales = (const uint8_t*)sc.data(), m.biases = (const uint8_t*)bi.data();
+    } else {
+        auto v = test::random_normal((size_t)(g.rows * g.cols), rng(), 0.05f);
+        for (float x : v) dense.push_back(f32_to_bf16(x));
+        m.fmt = wfmt::dense, m.type = dtype::bf16;
+        m.w = (const uint8_t*)dense.data();
+    }
+    auto x = test::random_normal((size_t)(g.T * g.cols), rng(), 2.0f);
+    auto nw = test::random_uniform((size_t)g.cols, rng(), 0.5f, 1.5f);
+    auto y0 = test::random_normal((size_t)(g.T * g.rows), rng());  // prior contents for accumulate
+
+    // CPU twin
+    std::vector<float> xin = x;
+    if (g.norm) cpu::rms_norm(xin.data(), x.data(), g.T, g.cols, nw.data(), 1e-6f);
+    std::vector<float> want((size_t)(g.T * g.rows));
+    cpu::matmul(want.data(), xin.data(), g.T, m);
+    if (g.accumulate)
+        for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
+
+    // device
+    cuda::dmat d;
+    d.fmt = f, d.rows = g.rows, d.cols = g.cols, d.group = f == dfmt::bf16 ? 0 : group;
+    cuda::device_buffer dw(words.empty() ? dense.size() * 2 : words.size() * 4), dsb(std::max<size_t>(sb.size(), 1) * 4),
+        dx(x.size() * 4), dn(nw.size() * 4), dy(y0.size() * 4);
+    dw.upload(words.empty() ? (const void*)dense.data() : (const void*)words.data(), dw.size());
+    if (!sb.empty()) dsb.upload(sb.data(), sb.size() * 4);
+    dx.upload(x.data(), x.size() * 4);
+    dn.upload(nw.data(), nw.size() * 4);
+    dy.upload(y0.data(), y0.size() * 4);
+    d.w = (const uint32_t*)dw.get();
+    d.sb = sb.empty() ? nullptr : (const uint32_t*)dsb.get();
+    cuda::gemv_params p;
+    p.W = d, p.x = (const float*)dx.get(), p.ldx = g.cols, p.T = g.T;
+    p.norm_w = g.norm ? (const float*)dn.get() : nullptr;
+    p.seg[0] = {(float*)dy.get(), g.rows, 0};
+    p.accumulate = g.accumulate;
+    cuda::gemv(p, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> got(want.size());
+    dy.download(got.data(), got.size() * 4);
+    EXPECT_LT(test::rel_error(got, want), TOL_GEMV_REL);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    shapes, cuda_gemv,
+    ::testing::Values(gemv_case{0, 1, 64, 1, false, false}, gemv_case{0, 7, 256, 1, true, false},
+                      gemv_case{0, 19, 2048, 1, true, true}, gemv_case{0, 257, 512, 3, false, false},
+                      gemv_case{0, 4096 + 32 + 32, 2048, 1, true, false}, gemv_case{0, 2048, 4096, 5, false, true},
+                      gemv_case{0, 33, 192, 16, true, false}, gemv_case{0, 33, 192, 17, false, false}, gemv_case{0, 1000, 2048, 40, false, false},
+                      gemv_case{1, 257, 2048, 1, true, false}, gemv_case{1, 3, 64, 2, false, true},
+                      gemv_case{1, 1, 2048, 1, false, false}, gemv_case{2, 9, 256, 1, true, false},
+                      gemv_case{2, 513, 2048, 4, false, true}, gemv_case{2, 31, 24, 3, true, false}));
+
+// Several outputs from one concatenated matrix (the fused projections).
+TEST(cuda_gemv_segments, rows_land_in_their_tensors) {
+    TANSY_REQUIRE_GPU();
+    const int64_t rows = 40, cols = 64;
+    std::vector<uint16_t> dense((size_t)(rows * cols));
+    auto v = test::random_normal(dense.size(), 3);
+    for (size_t i = 0; i < v.size(); i++) dense[i] = f32_to_bf16(v[i]);
+    auto x = test::random_normal((size_t)(2 * cols), 4);
+    cuda::device_buffer dw(dense.size() * 2), dx(x.size() * 4), o1(2 * 10 * 4), o2(2 * 25 * 4), o3(2 * 5 * 4);
+    dw.upload(dense.data(), dw.size());
+    dx.upload(x.data(), dx.size());
+    cuda::gemv_params p;
+    p.W = {cuda::dfmt::bf16, rows, cols, 0, (const uint32_t*)dw.get(), nullptr};
+    p.x = (const float*)dx.get(), p.ldx = cols, p.T = 2;
+    p.seg[0] = {(float*)o1.get(), 10, 0};
+    p.seg[1] = {(float*)o2.get(), 25, 10};
+    p.seg[2] = {(float*)o3.get(), 5, 35};
+    p.n_seg = 3;
+    cuda::gemv(p, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    matrix m;
+    m.fmt = wfmt::dense, m.type = dtype::bf16, m.rows = rows, m.cols = cols, m.w = (const uint8_t*)dense.data();
+    std::vector<float> want((size_t)(2 * rows));
+    cpu::matmul(want.data(), x.data(), 2, m);
+    std::vector<float> a(20), b(50), c(10);
+    o1.download(a.data(), 80), o2.download(b.data(), 200), o3.download(c.data(), 40);
+    for (int t = 0; t < 2; t++) {
+        for (int r = 0; r < 10; r++) EXPECT_NEAR(a[t * 10 + r], want[t * rows + r], 1e-4);
+        for (int r = 0; r < 25; r++) EXPECT_NEAR(b[t * 25 + r], want[t * rows + 10 + r], 1e-4);
+        for (int r = 0; r < 5; r++) EXPECT_NEAR(c[t * 5 + r], want[t * rows + 35 + r], 1e-4);
+    }
+}

@@ -1,0 +1,201 @@
+// Whole models on CUDA vs the CPU backend (itself checked against the references): the tiny fixtures over the
+// 1024-position teacher window, through prompt processing and through token-by-token decode; q4 logits; the
+// GQA fixture's greedy continuations; a 4-layer full-width synthetic model; graph replay vs eager decode.
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "../model/golden.h"
+#include "cuda_test_util.h"
+#include "model/synthetic.h"
+#include "runtime/metrics.h"
+
+using namespace tansy;
+
+namespace {
+
+// Acceptance bounds of the CUDA decode issue.
+constexpr double MIN_TOP1 = 0.99;
+constexpr double MAX_MEAN_KL = 1e-3;
+constexpr double TOL_NLL = 0.01;  // nats, vs the golden teacher NLL
+
+// Against float64 golden logits: positions whose two best reference logits are closer than this are ties
+// for an engine with a bf16 KV cache (it moves logits by up to ~1e-2 here), and are reported but not counted.
+constexpr float TIE_MARGIN = 0.01f;
+
+struct agreement_report {
+    double top1 = 0, mean_kl = 0, top1_raw = 0;
+    int64_t ties = 0;
+};
+
+agreement_report compare(const std::vector<float>& ref, const std::vector<float>& got, int64_t V, float tie_margin = 0) {
+    agreement_report r;
+    const int64_t n = (int64_t)ref.size() / V;
+    int64_t same = 0, same_raw = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float* a = &ref[(size_t)(i * V)];
+        const float* b = &got[(size_t)(i * V)];
+        const int32_t ta = argmax(a, V);
+        float second = -INFINITY;
+        for (int64_t v = 0; v < V; v++)
+            if (v != ta) second = std::max(second, a[v]);
+        const bool tie = a[ta] - second < tie_margin;
+        r.ties += tie;
+        same_raw += ta == argmax(b, V);
+        same += tie || ta == argmax(b, V);
+        r.mean_kl += kl_divergence(a, b, V);
+    }
+    r.top1 = (double)same / (double)n;
+    r.top1_raw = (double)same_raw / (double)n;
+    r.mean_kl /= (double)n;
+    return r;
+}
+
+engine& gpu_engine(const std::string& dir) {
+    static std::map<std::string, std::unique_ptr<engine>> engines;
+    auto& e = engines[dir];
+    if (!e) {
+        engine_options o;
+        o.model_dir = dir;
+        o.backend = "cuda";
+        e = std::make_unique<engine>(o);
+    }
+    return *e;
+}
+
+std::vector<float> decode_path_logits(engine& e, const std::vector<int32_t>& ids) {
+    auto st = e.new_sequence((int64_t)ids.size());
+    std::vector<float> out;
+    for (int32_t id : ids) {
+        auto lg = e.step(*st, {id}, logits_rows::all);
+        out.insert(out.end(), lg.begin(), lg.end());
+    }
+    return out;
+}
+
+// gold: golden teacher NLL to compare with (tiny-qwen35moe* only; tiny-gqa has random weights and none).
+void teacher_window(const char* name, bool q4, bool gold_nll = true) {
+    TANSY_REQUIRE_GPU();
+    const std::string dir = test::fixture(name), refp = test::fixture("tiny-reference.safetensors");
+    if (dir.empty() || refp.empty()) GTEST_SKIP() << name << " not available";
+    test::golden ref(refp);
+    auto ids = ref.ints("teacher.ids");
+    std::vector<int32_t> in(ids.begin(), ids.end() - 1);
+    engine& c = test::cpu_engine(dir);
+    engine& g = gpu_engine(dir);
+    const int64_t V = c.cfg().vocab, n = (int64_t)in.size();
+    auto sc = c.new_sequence(n), sg = g.new_sequence(n);
+    auto cpu = c.step(*sc, in, logits_rows::all);
+    auto gpu = g.step(*sg, in, logits_rows::all);
+    agreement_report pp = compare(cpu, gpu, V);
+    EXPECT_GE(pp.top1, MIN_TOP1) << "prompt processing";
+    EXPECT_LE(pp.mean_kl, MAX_MEAN_KL) << "prompt processing";
+    agreement_report dp = compare(cpu, decode_path_logits(g, in), V);
+    EXPECT_GE(dp.top1, MIN_TOP1) << "decode path";
+    EXPECT_LE(dp.mean_kl, MAX_MEAN_KL) << "decode path";
+    double nll = 0, want = 0;
+    if (gold_nll) {
+        auto gold = ref.floats(q4 ? "teacher.q4_nll" : "teacher.nll");
+        for (int64_t i = 0; i < n; i++) nll += token_nll(&gpu[(size_t)(i * V)], V, ids[(size_t)i + 1]), want += gold[(size_t)i];
+        EXPECT_NEAR(nll / n, want / n, TOL_NLL);
+    }
+    printf("[ %s ] prompt: top-1 %.4f KL %.2e | decode: top-1 %.4f KL %.2e | NLL %.5f vs %.5f\n", name, pp.top1,
+           pp.mean_kl, dp.top1, dp.mean_kl, nll / n, want / n);
+}
+
+}  // namespace
+
+TEST(cuda_model, teacher_window_mlx4) { teacher_window("tiny-qwen35moe-mlx4", true); }
+TEST(cuda_model, teacher_window_bf16_text) { teacher_window("tiny-qwen35moe", false); }
+TEST(cuda_model, teacher_window_bf16_release) { teacher_window("tiny-qwen35moe-hub", false); }
+// tiny-gqa: bf16 text-only layout, 16 query heads over 2 KV heads. Random weights give flat distributions with
+// near-ties, so the teacher window (1024 positions) is the meaningful sample for top-1 agreement.
+TEST(cuda_model, teacher_window_gqa) { teacher_window("tiny-gqa", false, false); }
+
+TEST(cuda_model, q4_logits_of_prompts_1_and_4) {
+    TANSY_REQUIRE_GPU();
+    const std::string dir = test::fixture("tiny-qwen35moe-mlx4"), refp = test::fixture("tiny-reference.safetensors");
+    test::golden ref(refp);
+    engine& g = gpu_engine(dir);
+    for (const char* p : {"prompt1", "prompt4"}) {
+        auto ids = ref.ints(std::string(p) + ".ids");
+        auto st = g.new_sequence((int64_t)ids.size());
+        agreement_report r =
+            compare(ref.floats(std::string(p) + ".q4_logits"), g.step(*st, ids, logits_rows::all), g.cfg().vocab, TIE_MARGIN);
+        EXPECT_GE(r.top1, MIN_TOP1) << p;
+        EXPECT_LE(r.mean_kl, MAX_MEAN_KL) << p;
+        printf("[ tiny-qwen35moe-mlx4 %s q4_logits ] top-1 %.4f (raw %.4f, %lld ties) mean KL %.2e\n", p, r.top1,
+               r.top1_raw, (long long)r.ties, r.mean_kl);
+    }
+}
+
+TEST(cuda_model, gqa_fixture) {
+    TANSY_REQUIRE_GPU();
+    const std::string dir = test::fixture("tiny-gqa"), refp = test::fixture("tiny-gqa-reference.safetensors");
+    if (dir.empty() || refp.empty()) GTEST_SKIP();
+    test::golden ref(refp);
+    engine& g = gpu_engine(dir);
+    for (int i = 0; i < 3; i++) {
+        const std::string p = "prompt" + std::to_string(i);
+        auto ids = ref.ints(p + ".ids");
+        auto want = ref.ints(p + ".greedy");
+        auto st = g.new_sequence((int64_t)(ids.size() + want.size()));
+        auto lg = g.step(*st, ids, logits_rows::all);
+        agreement_report r = compare(ref.floats(p + ".logits"), lg, g.cfg().vocab, TIE_MARGIN);
+        EXPECT_GE(r.top1, MIN_TOP1) << p;
+        EXPECT_LE(r.mean_kl, MAX_MEAN_KL) << p;
+        printf("[ tiny-gqa %s ] vs golden logits: top-1 %.4f (raw %.4f, %lld ties) mean KL %.2e\n", p.c_str(), r.top1,
+               r.top1_raw, (long long)r.ties, r.mean_kl);
+        auto st2 = g.new_sequence((int64_t)(ids.size() + want.size()));
+        generation_request req;
+        req.prompt = ids, req.max_tokens = (int64_t)want.size();
+        std::vector<int32_t> got;
+        g.generate(*st2, req, [&](int32_t t) { return got.push_back(t), true; });
+        EXPECT_EQ(got, want) << p;
+    }
+}
+
+TEST(cuda_model, graphs_replay_what_eager_decode_does) {
+    TANSY_REQUIRE_GPU();
+    engine& g = gpu_engine(test::fixture("tiny-qwen35moe-mlx4"));
+    std::vector<int32_t> prompt = {220, 5, 7, 11, 13, 17, 19, 23};
+    std::vector<int32_t> a, b;
+    for (bool graphs : {true, false}) {
+        auto st = g.new_sequence(64);
+        generation_request req;
+        req.prompt = prompt, req.max_tokens = 40, req.use_graphs = graphs;
+        generation_stats s = g.generate(*st, req, [&](int32_t t) { return (graphs ? a : b).push_back(t), true; });
+        EXPECT_EQ(s.graphs, graphs);
+        EXPECT_EQ(st->n_past(), (int64_t)prompt.size() + 39);
+    }
+    EXPECT_EQ(a, b);
+    // the CPU engine agrees too
+    auto st = test::cpu_engine(test::fixture("tiny-qwen35moe-mlx4")).new_sequence(64);
+    std::vector<int32_t> c;
+    generation_request req;
+    req.prompt = prompt, req.max_tokens = 40;
+    test::cpu_engine(test::fixture("tiny-qwen35moe-mlx4")).generate(*st, req, [&](int32_t t) { return c.push_back(t), true; });
+    EXPECT_EQ(a, c);
+}
+
+// The issue's real-shape check: 3 DeltaNet + 1 attention layer at full width, 256 experts, decode vs CPU.
+TEST(cuda_model, real_shape_four_layers_decode_vs_cpu) {
+    TANSY_REQUIRE_GPU();
+    model_config c = synthetic_config(test::fixture("qwen3.6-35b-a3b") + "/config.json", 4, 8192);
+    synthetic_options so;
+    so.materialize = true;
+    so.seed = 11;
+    engine_options o;
+    o.backend = "cpu";
+    engine cpu(make_synthetic_model(c, so), o);
+    o.backend = "cuda";
+    engine gpu(make_synthetic_model(c, so), o);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 64; i++) ids.push_back((i * 2654435761u) % 8192);
+    auto sc = cpu.new_sequence(64);
+    auto ref = cpu.step(*sc, ids, logits_rows::all);
+    agreement_report r = compare(ref, decode_path_logits(gpu, ids), c.vocab);
+    EXPECT_GE(r.top1, MIN_TOP1);
+    EXPECT_LE(r.mean_kl, MAX_MEAN_KL);
+    printf("[ real shape ] decode vs cpu over 64 positions: top-1 %.4f mean KL %.2e\n", r.top1, r.mean_kl);
+}
