@@ -39,6 +39,24 @@ engine_options engine_options_from(const arg_parser& p) {
     return o;
 }
 
+void add_sampling_options(arg_parser& p) {
+    p.option("--temperature", "T", "sample at temperature T (default 0: greedy)")
+        .option("--top-k", "K", "keep the K most likely tokens")
+        .option("--top-p", "P", "keep the smallest set with probability >= P")
+        .option("--min-p", "P", "drop tokens below P x the top probability")
+        .option("--seed", "S", "random seed (default 0)");
+}
+
+sampling_params sampling_from(const arg_parser& p) {
+    sampling_params sp;
+    sp.temperature = (float)p.number("--temperature", 0.0);
+    sp.top_k = (int)p.integer("--top-k", 0);
+    sp.top_p = (float)p.number("--top-p", 1.0);
+    sp.min_p = (float)p.number("--min-p", 0.0);
+    sp.seed = (uint64_t)p.integer("--seed", 0);
+    return sp;
+}
+
 int cmd_logits(int argc, char** argv) {
     arg_parser p("logits", "--ids-file F --out OUT.safetensors [options]",
                  "Runs one prefill over the token ids in F and writes tensor 'logits' (F32, [n, vocab]).");
@@ -69,27 +87,15 @@ int cmd_generate(int argc, char** argv) {
     p.option("--ids-file", "F", "prompt token ids, separated by whitespace")
         .option("-n", "N", "tokens to generate (default 16)", "--max-tokens")
         .option("--greedy", "", "pick the most likely token (the default when no temperature is given)")
-        .option("--temperature", "T", "sample at temperature T (0 = greedy)")
-        .option("--top-k", "K", "keep the K most likely tokens")
-        .option("--top-p", "P", "keep the smallest set with probability >= P")
-        .option("--min-p", "P", "drop tokens below P x the top probability")
-        .option("--seed", "S", "random seed (default 0)")
         .option("--output-ids", "", "print the generated ids, space-separated, on one line (the default)")
         .option("--no-graphs", "", "run every decode step eagerly (no CUDA graph replay)");
+    add_sampling_options(p);
     if (!p.parse(argc, argv)) return 0;
     if (!p.has("--ids-file")) fail("generate: --ids-file is required");
     const int64_t n = p.integer("-n", 16);
     if (n < 0) fail("generate: -n must be >= 0");
-    sampling_params sp;
-    if (!p.has("--greedy")) {
-        sp.temperature = (float)p.number("--temperature", 0.0);
-        sp.top_k = (int)p.integer("--top-k", 0);
-        sp.top_p = (float)p.number("--top-p", 1.0);
-        sp.min_p = (float)p.number("--min-p", 0.0);
-    } else if (p.has("--temperature") && p.number("--temperature", 0) != 0) {
-        fail("generate: --greedy contradicts --temperature");
-    }
-    sp.seed = (uint64_t)p.integer("--seed", 0);
+    sampling_params sp = sampling_from(p);
+    if (p.has("--greedy") && sp.temperature != 0) fail("generate: --greedy contradicts --temperature");
     std::vector<int32_t> ids = read_ids_file(p.str("--ids-file"));
     engine eng(engine_options_from(p));
     eng.check_ids(ids);

@@ -96,23 +96,15 @@ int cmd_run(int argc, char** argv) {
         .option("--system", "TEXT", "system message")
         .option("--tools", "FILE", "tool definitions: a JSON array, or an object with \"tools\" (and \"system\")")
         .option("--no-think", "", "thinking off (enable_thinking = false)")
-        .option("-n", "N", "most tokens to generate per turn (default 512)", "--max-tokens")
-        .option("--temperature", "T", "sampling temperature (default 0: greedy)")
-        .option("--top-k", "K", "keep the K most likely tokens")
-        .option("--top-p", "P", "keep the smallest set with probability >= P")
-        .option("--min-p", "P", "drop tokens below P x the top probability")
-        .option("--seed", "S", "random seed (default 0)");
+        .option("-n", "N", "most tokens to generate per turn (default 512)", "--max-tokens");
+    add_sampling_options(p);
     if (!p.parse(argc, argv)) return 0;
     if (p.has("--chat") == p.has("--prompt")) fail("run: give exactly one of --prompt TEXT or --chat");
     if (p.has("--raw") && p.has("--chat")) fail("run: --raw and --chat do not combine");
     generation_request req;
     req.max_tokens = p.integer("-n", 512);
     if (req.max_tokens < 1) fail("run: -n must be >= 1");
-    req.sampling.temperature = (float)p.number("--temperature", 0.0);
-    req.sampling.top_k = (int)p.integer("--top-k", 0);
-    req.sampling.top_p = (float)p.number("--top-p", 1.0);
-    req.sampling.min_p = (float)p.number("--min-p", 0.0);
-    req.sampling.seed = (uint64_t)p.integer("--seed", 0);
+    req.sampling = sampling_from(p);
     ojson tools = ojson::array();
     std::string system = p.str("--system");
     if (p.has("--tools")) {

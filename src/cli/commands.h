@@ -2,6 +2,7 @@
 #pragma once
 #include "cli/args.h"
 #include "runtime/engine.h"
+#include "sampling/sampler.h"
 
 namespace tansy {
 
@@ -18,5 +19,9 @@ int cmd_run(int argc, char** argv);
 // --model, --backend, --threads: shared by every command that runs the model.
 void add_engine_options(arg_parser& p);
 engine_options engine_options_from(const arg_parser& p);
+
+// --temperature, --top-k, --top-p, --min-p, --seed: shared by generate and run.
+void add_sampling_options(arg_parser& p);
+sampling_params sampling_from(const arg_parser& p);
 
 }  // namespace tansy

@@ -31,7 +31,7 @@ TEST(cli, help_and_unknown_commands) {
     EXPECT_EQ(run("--help", &out), 0);
     EXPECT_NE(out.find("generate"), std::string::npos);
     EXPECT_EQ(run("frobnicate", &out), 2);
-    for (const char* c : {"logits", "generate", "eval", "info", "convert"}) {
+    for (const char* c : {"logits", "generate", "eval", "info", "convert", "run", "bench", "tokenize", "render"}) {
         EXPECT_EQ(run(std::string(c) + " --help", &out), 0) << c;
         EXPECT_NE(out.find("usage: tansy"), std::string::npos) << c;
     }
@@ -90,4 +90,22 @@ TEST(cli, logits_generate_eval_on_the_mlx_fixture) {
     EXPECT_GT(j["perplexity"].get<double>(), 1.0);
     EXPECT_EQ(j["references"][0]["top1_agreement"], 1.0);
     EXPECT_LT(j["references"][0]["mean_kl"].get<double>(), 1e-9);
+}
+
+TEST(cli, run_streams_a_chat_turn_and_stops_at_end_of_turn) {
+    // The bundled chat model: greedy, so deterministic; it must stop at <|im_end|> well before -n.
+    std::string out;
+    ASSERT_EQ(tansy::test::run_command(CLI + " run --prompt 'Use a tool to find out what heapq.heappush does.' "
+                                             "--tools " TANSY_SOURCE_DIR "/models/tiny-chat-q4/demo_tools.json -n 200 2>/dev/null",
+                                       &out, false),
+              0);
+    EXPECT_NE(out.find("<tool_call>"), std::string::npos) << out;
+    EXPECT_NE(out.find("<function=get_docstring>"), std::string::npos) << out;
+    EXPECT_EQ(out.find("<|im_end|>"), std::string::npos) << "end-of-turn token leaked: " << out;
+    EXPECT_EQ(out.find("</think>"), std::string::npos) << "reasoning marker shown: " << out;
+    std::string err;
+    EXPECT_EQ(run("run --prompt hi --chat", &err), 1);
+    EXPECT_EQ(run("run", &err), 1);
+    EXPECT_EQ(run("run --prompt hi --tools /nonexistent.json", &err), 1);
+    EXPECT_EQ(lines(err), 1) << err;
 }

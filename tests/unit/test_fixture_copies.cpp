@@ -34,7 +34,7 @@ TEST(fixtures, committed_copies_are_byte_identical_to_shared) {
     const std::string shared = tansy::test::shared_fixtures_dir();
     if (shared.empty()) GTEST_SKIP() << "../shared/fixtures is absent (a user's machine): nothing to compare";
     int compared = 0;
-    for (const fs::path root : {fs::path(TANSY_SOURCE_DIR) / "tests" / "fixtures", fs::path(TANSY_BINARY_DIR) / "fixtures"}) {
+    for (const fs::path& root : {fs::path(TANSY_SOURCE_DIR) / "tests" / "fixtures", fs::path(TANSY_BINARY_DIR) / "fixtures"}) {
         for (const fs::path& rel : files_under(root)) {
             const fs::path theirs = fs::path(shared) / rel;
             ASSERT_TRUE(fs::exists(theirs)) << rel << " is committed but has no counterpart in " << shared;

@@ -162,6 +162,23 @@ __device__ __forceinline__ void block_inv_rms_rows(float* s_inv, const float* x,
     __syncthreads();
 }
 
+// A chunk of CH floats from (16-byte aligned) memory into registers, and its sum.
+template <int CH>
+__device__ __forceinline__ void chunk_load(float (&v)[CH], const float* src) {
+#pragma unroll
+    for (int i = 0; i < CH; i += 4) {
+        const float4 f = *reinterpret_cast<const float4*>(src + i);
+        v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
+    }
+}
+template <int CH>
+__device__ __forceinline__ float chunk_sum(const float (&v)[CH]) {
+    float s = 0;
+#pragma unroll
+    for (int i = 0; i < CH; i++) s += v[i];
+    return s;
+}
+
 // (scale, bias) packed as bf16x2: scale in the low half.
 __device__ __forceinline__ float sb_scale(uint32_t sb) { return __uint_as_float(sb << 16); }
 __device__ __forceinline__ float sb_bias(uint32_t sb) { return __uint_as_float(sb & 0xFFFF0000u); }

@@ -25,18 +25,12 @@ template <dfmt F>
 __device__ __forceinline__ float load_x_chunk(float (&xv)[chunk_values<F>()], const float* x,
                                               const float (&nw)[chunk_values<F>()], bool norm, float scale) {
     constexpr int CH = chunk_values<F>();
+    chunk_load<CH>(xv, x);
+    if (norm) {
 #pragma unroll
-    for (int i = 0; i < CH; i += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(x + i);
-        xv[i] = v.x, xv[i + 1] = v.y, xv[i + 2] = v.z, xv[i + 3] = v.w;
+        for (int i = 0; i < CH; i++) xv[i] *= scale * nw[i];
     }
-    float sx = 0;
-#pragma unroll
-    for (int i = 0; i < CH; i++) {
-        if (norm) xv[i] *= scale * nw[i];
-        sx += xv[i];
-    }
-    return sx;
+    return chunk_sum<CH>(xv);
 }
 
 __device__ __forceinline__ void store_out(const gemv_params& p, int64_t row, int t, float v) {
@@ -84,13 +78,7 @@ __global__ void __launch_bounds__(k_warps * 32) gemv_kernel(const gemv_params p,
                 const int64_t c = c0 + u * L;
                 if (c >= n_chunks) break;
                 float nw[CH];
-                if (p.norm_w) {
-#pragma unroll
-                    for (int i = 0; i < CH; i += 4) {
-                        const float4 v = __ldg(reinterpret_cast<const float4*>(p.norm_w + c * CH + i));
-                        nw[i] = v.x, nw[i + 1] = v.y, nw[i + 2] = v.z, nw[i + 3] = v.w;
-                    }
-                }
+                if (p.norm_w) chunk_load<CH>(nw, p.norm_w + c * CH);
 #pragma unroll
                 for (int tb = 0; tb < TB; tb++) {
                     const int t = t0 + tb;

@@ -73,18 +73,14 @@ template <dfmt F>
 __device__ __forceinline__ float load_chunk(float (&xv)[chunk_values<F>()], const float* x, const float* nw,
                                             bool norm, float inv) {
     constexpr int CH = chunk_values<F>();
+    chunk_load<CH>(xv, x);
+    if (norm) {
+        float w[CH];
+        chunk_load<CH>(w, nw);
 #pragma unroll
-    for (int i = 0; i < CH; i += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(x + i);
-        xv[i] = v.x, xv[i + 1] = v.y, xv[i + 2] = v.z, xv[i + 3] = v.w;
+        for (int i = 0; i < CH; i++) xv[i] *= inv * w[i];
     }
-    float s = 0;
-#pragma unroll
-    for (int i = 0; i < CH; i++) {
-        if (norm) xv[i] *= inv * __ldg(nw + i);
-        s += xv[i];
-    }
-    return s;
+    return chunk_sum<CH>(xv);
 }
 
 // grid: (row tiles, T*(k+1)). Each subgroup of L lanes owns R rows and computes gate and up for each.
@@ -263,16 +259,8 @@ __global__ void __launch_bounds__(k_warps * 32)
         for (int u = 0; u < UNROLL; u++) {
             if (q0 + 32 * u >= pairs) break;
             float xv[CH];
-            const float* hv = s_h + (slot[u] * cpr + c[u]) * (CH + 4);
-#pragma unroll
-            for (int i = 0; i < CH; i += 4) {
-                const float4 v = *reinterpret_cast<const float4*>(hv + i);
-                xv[i] = v.x, xv[i + 1] = v.y, xv[i + 2] = v.z, xv[i + 3] = v.w;
-            }
-            float sx = 0;
-#pragma unroll
-            for (int i = 0; i < CH; i++) sx += xv[i];
-            total += s_w[slot[u]] * affine_or_dense<F>(w[u], sb[u], xv, sx);
+            chunk_load<CH>(xv, s_h + (slot[u] * cpr + c[u]) * (CH + 4));
+            total += s_w[slot[u]] * affine_or_dense<F>(w[u], sb[u], xv, chunk_sum<CH>(xv));
         }
     }
     total = warp_sum(total);
