@@ -5,6 +5,8 @@
 #include <fstream>
 #include <random>
 
+#include <gtest/gtest.h>
+
 #include "loader/safetensors.h"
 
 namespace tansy::test {
@@ -104,7 +106,12 @@ void write_file(const std::string& path, const std::string& bytes) {
 void write_checkpoint(const std::string& dir, const nlohmann::json& cfg, const std::vector<synth_tensor>& tensors) {
     write_file(dir + "/config.json", cfg.dump(2));
     std::vector<st_out_tensor> st;
-    for (const synth_tensor& t : tensors) st.push_back({t.name, t.type, t.shape, t.data.data()});
+    for (const synth_tensor& t : tensors) {
+        size_t n = dtype_size(t.type);
+        for (int64_t d : t.shape) n *= (size_t)d;
+        if (n != t.data.size()) ADD_FAILURE() << t.name << ": " << t.data.size() << " bytes for " << n;
+        st.push_back({t.name, t.type, t.shape, t.data.data()});
+    }
     write_safetensors(dir + "/model.safetensors", st, {{"format", "pt"}});
 }
 

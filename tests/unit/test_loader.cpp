@@ -109,7 +109,11 @@ TEST(loader, quantization_block) {
 }
 
 TEST(loader, bad_tensors) {
-    expect_load_error(broken("dt", [](json&, auto& t) { find(t, "model.embed_tokens.weight")->type = dtype::i32; }),
+    expect_load_error(broken("dt", [](json&, auto& t) {
+                          synth_tensor* x = find(t, "model.embed_tokens.weight");
+                          x->type = dtype::i32;
+                          x->data.resize(x->data.size() * 2);  // I32 elements are twice as wide as bf16
+                      }),
                       "has dtype I32");
     expect_load_error(broken("sh", [](json&, auto& t) {
                           auto* x = find(t, "lm_head.weight");
