@@ -179,6 +179,7 @@ __global__ void __launch_bounds__(k_warps * 32) split_kernel(const attn_params p
 __global__ void __launch_bounds__(DH) combine_kernel(const attn_params p) {
     __shared__ float s_f[k_max_splits];
     __shared__ float s_inv_l;
+    pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
     dseq s;
     const int len = position_of(p, t, &s) + 1;

@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cstdint>
+#include <utility>
 #include <cuda_runtime.h>
 
 #include "core/check.h"
@@ -30,6 +31,32 @@ enum class dfmt : uint8_t { q4, q8, bf16 };
 // Everything below is device code: visible to nvcc only (tests include the .cuh launchers from plain C++).
 #if defined(__CUDACC__)
 namespace tansy::cuda {
+
+// Programmatic dependent launch (sm_90): a kernel launched with launch_pdl() may start while the previous
+// kernel in the stream is still running; it must call pdl_wait() before touching anything that kernel wrote
+// (and always, before it exits). pdl_trigger() lets the next PDL kernel be scheduled early. Both are no-ops
+// below sm_90.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

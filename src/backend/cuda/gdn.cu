@@ -118,6 +118,7 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p) {
 // y = o / rms(o) * w * silu(z) per (row, head) of dv values; one block of dv threads per (row, head).
 __global__ void gated_norm_kernel(const gdn_params p) {
     __shared__ float scratch[32];
+    pdl_trigger();
     const int64_t rh = blockIdx.x;  // row * Hv + head
     const int j = threadIdx.x;
     const float o = p.o[rh * p.dv + j];

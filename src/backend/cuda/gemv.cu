@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(k_warps * 32) gemv_kernel(const gemv_params p,
     constexpr bool AFFINE = F != dfmt::bf16;
     __shared__ float s_inv[k_gemv_max_norm_rows];
     const int64_t K = p.W.cols, N = p.W.rows, n_chunks = K / CH, rw = p.W.row_words(), ng = p.W.n_groups();
+    pdl_trigger();
     if (p.norm_w) block_inv_rms_rows(s_inv, p.x, p.ldx, p.T, K, p.eps);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sl = lane % L;
     const int64_t row0 = ((int64_t)blockIdx.x * k_warps + warp) * (32 / L) * R + (lane / L) * R;
@@ -140,8 +141,11 @@ __global__ void __launch_bounds__(k_warps * 32) gemv_xs_kernel(const gemv_params
             }
         }
     };
-    // The weights do not depend on the input: their first loads fly while the block normalises and stages x.
+    // The weights do not depend on the input: their first loads fly while the previous kernel finishes (PDL)
+    // and while the block normalises and stages x.
+    pdl_trigger();
     if (row0 < N) load(row0);
+    pdl_wait();
     if (p.norm_w) block_inv_rms_rows(s_inv, p.x, p.ldx, 1, K, p.eps);
     float xv[CPL][CH], sx[CPL];
     stage_x<CH, CPL>(xv, sx, p.x, p.norm_w, p.norm_w ? s_inv[0] : 1.0f, K, s_x);
@@ -182,7 +186,7 @@ void launch_xs(const gemv_params& p, cudaStream_t stream) {
     const int64_t per_block = (int64_t)k_warps * R;
     const int64_t blocks = std::min<int64_t>(max_blocks, (p.W.rows + per_block - 1) / per_block);
     const size_t smem = (size_t)(p.W.cols / chunk_values<F>()) * (chunk_values<F>() + 4) * sizeof(float);
-    gemv_xs_kernel<F, CPL, R><<<(unsigned)blocks, k_warps * 32, smem, stream>>>(p);
+    launch_pdl(gemv_xs_kernel<F, CPL, R>, dim3((unsigned)blocks), dim3(k_warps * 32), smem, stream, p);
 }
 
 // Chunks per lane when the row splits evenly over 32 lanes and the input fits in 128 registers; else 0.

@@ -31,6 +31,7 @@ __global__ void embed_kernel(float* x, const int32_t* ids, const dmat table) {
 
 __global__ void rms_norm_kernel(float* y, const float* x, const float* w, int64_t n, float eps) {
     __shared__ float scratch[32];
+    pdl_trigger();
     const float* xr = x + blockIdx.x * n;
     float ss = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];

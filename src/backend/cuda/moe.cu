@@ -21,6 +21,7 @@ constexpr int k_max_experts = 512;
 __global__ void topk_kernel(int32_t* idx, float* wt, float* sig, const float* logits, int64_t ld, int T, int E,
                             int k, const float* bias) {
     constexpr int PER = k_max_experts / 32;
+    pdl_trigger();
     const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (t >= T) return;  // whole warp
     const float* l = logits + t * ld;
@@ -153,6 +154,8 @@ __global__ void __launch_bounds__(k_warps * 32)
     extern __shared__ float s_x[];
     const int t = blockIdx.y;
     const float* xr = x + t * ldx;
+    pdl_trigger();
+    pdl_wait();  // idx comes from the top-k kernel just before
     if (threadIdx.x <= m.k) s_row0[threadIdx.x] = threadIdx.x == m.k ? -1 : (int64_t)idx[t * m.k + threadIdx.x] * m.F;
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -218,6 +221,7 @@ __global__ void __launch_bounds__(k_warps * 32)
     __shared__ float s_w[k_max_topk + 1];
     extern __shared__ float s_h[];  // the token's (k+1) x F activations, chunk-padded as in stage_x
     const int t = blockIdx.y;
+    pdl_trigger();
     if (threadIdx.x <= m.k) {  // the token's slots: expert row offset and weight
         const int j = threadIdx.x;
         s_row0[j] = j == m.k ? -1 : (int64_t)idx[t * m.k + j] * m.D;
@@ -296,8 +300,8 @@ void launch_gate_up_xs(float* h, const dmoe& m, const int32_t* idx, const float*
     const int64_t items = (int64_t)(m.k + 1) * m.F, per_block = (int64_t)k_warps * R;
     const int64_t bx = std::max<int64_t>(1, std::min<int64_t>((items + per_block - 1) / per_block, max_blocks / std::max(1, T)));
     const size_t smem = (size_t)(m.D / chunk_values<F>()) * (chunk_values<F>() + 4) * sizeof(float);
-    gate_up_xs_kernel<F, CPL, R><<<dim3((unsigned)bx, (unsigned)T), k_warps * 32, smem, stream>>>(h, m, idx, x, ldx, norm_w,
-                                                                                                  eps, std::max(m.F, m.Fs));
+    launch_pdl(gate_up_xs_kernel<F, CPL, R>, dim3((unsigned)bx, (unsigned)T), dim3(k_warps * 32), smem, stream, h, m, idx, x,
+               ldx, norm_w, eps, std::max(m.F, m.Fs));
     CUDA_CHECK_LAUNCH();
 }
 
