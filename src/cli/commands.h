@@ -15,6 +15,7 @@ int cmd_render(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_run(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 
 // --model, --backend, --threads: shared by every command that runs the model.
 void add_engine_options(arg_parser& p);

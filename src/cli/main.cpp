@@ -18,6 +18,7 @@ struct command {
 };
 
 const command k_commands[] = {
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server (chat/completions, streaming, tools, continuous batching)"},
     {"run", cmd_run, "chat with the model from the command line (one prompt or interactive), streamed"},
     {"generate", cmd_generate, "prefill token ids, then decode N tokens (greedy or sampled)"},
     {"logits", cmd_logits, "write the full-prompt logits of token ids to a safetensors file"},

@@ -635,6 +635,8 @@ json normalize_openai_tool_calls(const json& messages) {
             } catch (const json::parse_error& e) {
                 fail("chat request: messages[%zu].tool_calls[%zu]: arguments is not valid JSON (byte %zu)", i, k,
                      (size_t)e.byte);
+            } catch (const json::exception& e) {  // e.g. out_of_range for a number like 1e999
+                fail("chat request: messages[%zu].tool_calls[%zu]: arguments is not usable JSON: %s", i, k, e.what());
             }
             if (!parsed.is_object())
                 fail("chat request: messages[%zu].tool_calls[%zu]: arguments must be a JSON object, got %s", i, k,

@@ -1,0 +1,139 @@
+// tansy serve: the OpenAI-compatible HTTP server (src/server/server.h).
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "cli/commands.h"
+#include "core/check.h"
+#include "server/server.h"
+
+namespace tansy {
+
+namespace {
+
+// Half of the memory the kernel reports as available: the default budget for sequence state on the CPU.
+size_t half_available_memory() {
+    FILE* f = fopen("/proc/meminfo", "r");
+    if (!f) return size_t(4) << 30;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return kb ? (size_t)kb * 1024 / 2 : size_t(4) << 30;
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+    arg_parser p("serve", "[options]",
+                 "Serves the model over HTTP with the OpenAI API: POST /v1/chat/completions, POST /v1/completions\n"
+                 "(streamed with \"stream\": true), GET /v1/models, GET /health (503 while loading), GET /metrics\n"
+                 "(Prometheus). Requests are batched continuously: new ones are prefilled while the running ones\n"
+                 "decode together. SIGINT/SIGTERM stop accepting, let running requests finish (--shutdown-timeout),\n"
+                 "and exit 0; a second signal exits at once. The API key may also come from $TANSY_API_KEY.");
+    add_engine_options(p);
+    p.option("--host", "ADDR", "address to listen on (default 127.0.0.1)")
+        .option("--port", "N", "port (default 8080; 0: any free port, printed at start)")
+        .option("--api-key", "KEY", "require 'Authorization: Bearer KEY' (default: $TANSY_API_KEY, else none)")
+        .option("--model-name", "NAME", "the model id clients use and see (default: the model directory's name)")
+        .option("--max-batch", "N", "sequences decoded together (default 16)")
+        .option("--max-queue", "N", "requests waiting for a batch slot before 429 (default 64)")
+        .option("--ctx-size", "N", "tokens per sequence, prompt + completion (default min(model maximum, 32768))")
+        .option("--state-memory", "MIB", "KV cache + recurrent state of running sequences, at most (default: half of\n"
+                                         "                            available memory on cpu, 16384 on cuda)")
+        .option("--prefill-budget", "N", "prompt tokens prefilled per scheduler step (default 4096)")
+        .option("--max-body", "MIB", "largest request body accepted (default 8; larger gets 413)")
+        .option("--http-threads", "N", "concurrent connections (default max(64, 2 x (max-batch + max-queue)))")
+        .option("--shutdown-timeout", "S", "seconds running requests get to finish on shutdown (default 10)")
+        .option("--quiet", "", "no progress bar and no per-request log lines", "-q");
+    if (!p.parse(argc, argv)) return 0;
+
+    serve_options o;
+    o.engine = engine_options_from(p);
+    o.http.host = p.str("--host", "127.0.0.1");
+    const int64_t port = p.integer("--port", 8080);
+    if (port < 0 || port > 65535) fail("serve: --port must be in [0, 65535]");
+    o.http.port = (int)port;
+    o.api_key = p.str("--api-key");
+    if (o.api_key.empty())
+        if (const char* k = std::getenv("TANSY_API_KEY")) o.api_key = k;
+    o.model_name = p.str("--model-name");
+    o.sched.max_batch = (int)p.integer("--max-batch", 16);
+    if (o.sched.max_batch < 1 || o.sched.max_batch > 4096) fail("serve: --max-batch must be in [1, 4096]");
+    o.sched.max_queue = (int)p.integer("--max-queue", 64);
+    if (o.sched.max_queue < 0) fail("serve: --max-queue must be >= 0");
+    o.ctx_size = p.integer("--ctx-size", 0);
+    if (o.ctx_size < 0) fail("serve: --ctx-size must be >= 0");
+    const int64_t mib = p.integer("--state-memory", 0);
+    if (mib < 0) fail("serve: --state-memory must be >= 0");
+    o.sched.state_budget = mib > 0 ? (size_t)mib << 20 : o.engine.backend == "cpu" ? half_available_memory() : size_t(16) << 30;
+    o.sched.prefill_budget = p.integer("--prefill-budget", 4096);
+    if (o.sched.prefill_budget < 1) fail("serve: --prefill-budget must be >= 1");
+    const int64_t body = p.integer("--max-body", 8);
+    if (body < 1) fail("serve: --max-body must be >= 1");
+    o.http.max_body_bytes = (size_t)body << 20;
+    o.http.threads = (int)p.integer("--http-threads", std::max(64, 2 * (o.sched.max_batch + o.sched.max_queue)));
+    if (o.http.threads < 2) fail("serve: --http-threads must be >= 2");
+    const double grace = p.number("--shutdown-timeout", 10.0);
+    if (!(grace >= 0)) fail("serve: --shutdown-timeout must be >= 0");
+    o.shutdown_grace_ms = (int)(grace * 1000);
+    o.progress = o.log_requests = !p.has("--quiet");
+
+    // Signals go to one thread that asks the server to stop (blocked everywhere else: every thread created
+    // from here on inherits the mask). A write to a closed connection must fail, not kill the process.
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+    // The signal thread outlives this function: it reaches the server only through g_srv, under g_srv_mu.
+    static std::mutex g_srv_mu;
+    static server* g_srv = nullptr;
+    static std::atomic<bool> loaded{false};
+    server srv(o);
+    {
+        std::lock_guard<std::mutex> lk(g_srv_mu);
+        g_srv = &srv;
+    }
+    struct unregister {  // destroyed before srv, on every path out
+        ~unregister() {
+            std::lock_guard<std::mutex> lk(g_srv_mu);
+            g_srv = nullptr;
+        }
+    } unregister_on_exit;
+    std::thread([set] {
+        int n = 0;
+        for (;;) {
+            int sig = 0;
+            if (sigwait(&set, &sig) != 0) continue;
+            if (!loaded) {  // nothing in flight yet, and the loader cannot be interrupted
+                fprintf(stderr, "\ntansy serve: %s while loading; exiting\n", sig == SIGINT ? "interrupted" : "terminated");
+                _exit(0);
+            }
+            if (++n > 1) {
+                fprintf(stderr, "tansy serve: second signal, exiting now\n");
+                _exit(130);
+            }
+            std::lock_guard<std::mutex> lk(g_srv_mu);
+            if (g_srv) g_srv->request_stop();
+        }
+    }).detach();
+
+    srv.start();
+    fprintf(stderr, "tansy serve: listening on http://%s:%d\n", o.http.host.c_str(), srv.port());
+    srv.load();
+    loaded = true;
+    srv.wait();
+    return 0;
+}
+
+}  // namespace tansy

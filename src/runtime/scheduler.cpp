@@ -1,0 +1,379 @@
+#include "runtime/scheduler.h"
+
+#include <omp.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "model/config.h"
+
+namespace tansy {
+
+const char* finish_reason_name(finish_reason r) {
+    switch (r) {
+        case finish_reason::stop: return "stop";
+        case finish_reason::length: return "length";
+        case finish_reason::cancelled: return "cancelled";
+        case finish_reason::shutdown: return "shutdown";
+        case finish_reason::error: return "error";
+    }
+    return "?";
+}
+
+struct scheduler::sequence {
+    uint64_t id = 0;
+    sequence_request req;
+    sampler smp;
+    std::unique_ptr<seq_state> st;
+    int32_t next = -1;  // the token the next decode step feeds (-1: not prefilled yet)
+    int64_t generated = 0;
+    bool done = false;
+    std::unordered_map<int32_t, int> counts;  // generated ids (presence/frequency penalties)
+    std::unordered_set<int32_t> seen;         // prompt and generated ids (repetition penalty)
+    sched_clock::time_point submitted, admitted;
+    double prefill_s = 0;
+
+    sequence(uint64_t i, sequence_request&& r, int64_t n_valid)
+        : id(i), req(std::move(r)), smp(req.sampling, n_valid), submitted(sched_clock::now()) {}
+};
+
+scheduler::scheduler(engine& eng, scheduler_options opt) : eng_(eng), opt_(opt) {
+    TANSY_CHECK(opt_.max_batch >= 1 && opt_.max_queue >= 0, "scheduler: max_batch %d, max_queue %d", opt_.max_batch,
+                opt_.max_queue);
+    // What a state costs: measured on two empty states (a backend that allocates the KV cache up front shows
+    // it in the difference); one that grows it on demand is charged the KV bytes of its prompt, from the config.
+    const size_t b1 = eng_.new_sequence(1)->bytes(), b2 = eng_.new_sequence(1025)->bytes();
+    base_bytes_ = b1;
+    preallocated_ = b2 > b1;
+    const model_config& c = eng_.cfg();
+    per_token_bytes_ = preallocated_ ? (b2 - b1 + 1023) / 1024
+                                     : (size_t)2 * (size_t)c.n_full_attention() * (size_t)c.kv_dim() * sizeof(float);
+    ids_ = eng_.be().alloc(opt_.max_batch, 1, dtype::i32);
+    argmax_ = eng_.be().alloc(opt_.max_batch, 1, dtype::i32);
+    stats_.state_budget = opt_.state_budget;
+    // note: omp_set_num_threads (engine_options::threads) holds for the thread that called it; a new thread
+    // starts from the process default, so the engine thread inherits the caller's setting explicitly.
+    const int omp_threads = omp_get_max_threads();
+    thread_ = std::thread([this, omp_threads] {
+        omp_set_num_threads(omp_threads);
+        loop();
+    });
+}
+
+scheduler::~scheduler() { shutdown(std::chrono::milliseconds(0)); }
+
+size_t scheduler::state_estimate(int64_t prompt_tokens, int64_t capacity) const {
+    return base_bytes_ + per_token_bytes_ * (size_t)(preallocated_ ? capacity : prompt_tokens);
+}
+
+scheduler::submit_status scheduler::submit(uint64_t id, sequence_request&& r) {
+    TANSY_CHECK(r.sink, "submit without a sink");
+    if (r.prompt.empty()) fail("the prompt is empty");
+    if (r.max_tokens < 1) fail("max_tokens must be >= 1");
+    if (r.logprobs > 20) fail("top_logprobs must be <= 20");
+    const int64_t need = (int64_t)r.prompt.size() + r.max_tokens;
+    if (opt_.seq_capacity > 0 && need > opt_.seq_capacity)
+        fail("prompt of %zu tokens + %lld new tokens exceeds the sequence capacity of %lld", r.prompt.size(),
+             (long long)r.max_tokens, (long long)opt_.seq_capacity);
+    if (state_estimate((int64_t)r.prompt.size(), capacity_for(need)) > opt_.state_budget) return submit_status::too_large;
+    auto s = std::make_unique<sequence>(id, std::move(r), eng_.n_valid_tokens());  // validates sampling params
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (shutting_down_) return submit_status::shutting_down;
+        if ((int)queue_.size() >= opt_.max_queue) return submit_status::queue_full;
+        queue_.push_back(std::move(s));
+        stats_.queued = (int)queue_.size();
+    }
+    cv_.notify_all();
+    return submit_status::ok;
+}
+
+void scheduler::cancel(uint64_t id) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        cancels_.insert(id);
+    }
+    cv_.notify_all();
+}
+
+void scheduler::shutdown(std::chrono::milliseconds grace) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!shutting_down_) {
+            shutting_down_ = true;
+            deadline_ = sched_clock::now() + grace;
+        }
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+scheduler_stats scheduler::stats() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return stats_;
+}
+
+void scheduler::finish(sequence& s, finish_reason r, const std::string& error) {
+    if (s.done) return;
+    s.done = true;
+    finish_event e;
+    e.reason = r;
+    e.error = error;
+    e.prompt_tokens = (int64_t)s.req.prompt.size();
+    e.generated = s.generated;
+    if (s.admitted.time_since_epoch().count())
+        e.queue_s = std::chrono::duration<double>(s.admitted - s.submitted).count();
+    e.prefill_s = s.prefill_s;
+    try {
+        s.req.sink->on_finish(e);
+    } catch (const std::exception& ex) {
+        TANSY_WARN("scheduler: a sink threw from on_finish: %s", ex.what());
+    }
+}
+
+bool scheduler::needs_host_logits(const sequence& s) const {
+    return s.req.sampling.temperature > 0.0f || s.req.penalties.any() || s.req.logprobs >= 0 ||
+           (s.req.constraint && s.req.constraint->active());
+}
+
+// row: the sequence's raw logits on the host (nullptr when it needs none); device_argmax: the backend's argmax
+// of the same row (what engine::generate feeds back for greedy decoding).
+void scheduler::pick_and_emit(sequence& s, const float* row, int32_t device_argmax) {
+    const int64_t nv = eng_.n_valid_tokens();
+    token_event ev;
+    int32_t id = device_argmax;
+    if (row) {
+        double lse = 0;  // log-sum-exp of the raw row: logprob(i) = row[i] - lse
+        if (s.req.logprobs >= 0) {
+            double mx = -std::numeric_limits<double>::infinity();
+            for (int64_t i = 0; i < nv; i++) mx = std::max(mx, (double)row[i]);
+            double sum = 0;
+            for (int64_t i = 0; i < nv; i++) sum += std::exp((double)row[i] - mx);
+            lse = mx + std::log(sum);
+            if (s.req.logprobs > 0) {
+                std::vector<int32_t> idx((size_t)nv);
+                for (int64_t i = 0; i < nv; i++) idx[(size_t)i] = (int32_t)i;
+                const size_t k = std::min((size_t)s.req.logprobs, idx.size());
+                std::partial_sort(idx.begin(), idx.begin() + (ptrdiff_t)k, idx.end(), [&](int32_t a, int32_t b) {
+                    return row[a] > row[b] || (row[a] == row[b] && a < b);
+                });
+                for (size_t i = 0; i < k; i++) ev.top.emplace_back(idx[i], (float)((double)row[idx[i]] - lse));
+            }
+        }
+        const penalty_params& pp = s.req.penalties;
+        const bool constrained = s.req.constraint && s.req.constraint->active();
+        const bool modify = pp.any() || constrained;
+        const float* src = row;
+        if (modify) {
+            scratch_.assign(row, row + nv);
+            if (pp.frequency != 0.0f || pp.presence != 0.0f)
+                for (const auto& [tok, n] : s.counts)
+                    if (tok < nv) scratch_[(size_t)tok] -= pp.frequency * (float)n + pp.presence;
+            if (pp.repetition != 1.0f)
+                for (int32_t tok : s.seen)
+                    if (tok < nv) {
+                        float& x = scratch_[(size_t)tok];
+                        x = x > 0 ? x / pp.repetition : x * pp.repetition;
+                    }
+            if (constrained) s.req.constraint->mask(scratch_.data(), nv, s.req.max_tokens - s.generated);
+            src = scratch_.data();
+        }
+        if (s.req.sampling.temperature > 0.0f) {
+            id = s.smp.sample(src, nv);
+        } else if (modify) {
+            id = argmax(src, nv);
+        }
+        if (s.req.logprobs >= 0) ev.logprob = (float)((double)row[id] - lse);
+    }
+    ev.id = id;
+    ev.t = sched_clock::now();
+    s.generated++;
+    generated_total_++;
+    s.next = id;
+    if (s.req.penalties.frequency != 0.0f || s.req.penalties.presence != 0.0f) s.counts[id]++;
+    if (s.req.penalties.repetition != 1.0f) s.seen.insert(id);
+    if (s.req.constraint) s.req.constraint->accept(id);
+    try {
+        s.req.sink->on_token(ev);
+    } catch (const std::exception& ex) {
+        TANSY_WARN("scheduler: a sink threw from on_token: %s", ex.what());
+    }
+    if (std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), id) != s.req.stop_ids.end()) {
+        finish(s, finish_reason::stop);
+    } else if (s.generated >= s.req.max_tokens) {
+        finish(s, finish_reason::length);
+    }
+}
+
+void scheduler::prefill(sequence& s) {
+    backend& be = eng_.be();
+    const auto t0 = sched_clock::now();
+    const std::vector<int32_t>& p = s.req.prompt;
+    eng_.check_ids(p);
+    const int64_t T = (int64_t)p.size();
+    if (ids_.t().rows < T) ids_ = be.alloc(std::max<int64_t>(T, opt_.max_batch), 1, dtype::i32);
+    const tensor ids = ids_.t().rows_view(0, T);
+    be.upload(ids, p.data());
+    const tensor logits = eng_.fwd().run(ids, {seq_span{s.st.get(), 0, T, s.st->n_past()}}, logits_rows::last);
+    const tensor am = argmax_.t().rows_view(0, 1);
+    be.argmax(am, logits, eng_.n_valid_tokens());
+    int32_t dev = 0;
+    be.download(&dev, am);
+    const float* row = nullptr;
+    if (needs_host_logits(s)) {
+        host_logits_.resize((size_t)logits.numel());
+        be.download(host_logits_.data(), logits);
+        row = host_logits_.data();
+    }
+    s.prefill_s = std::chrono::duration<double>(sched_clock::now() - t0).count();
+    pick_and_emit(s, row, dev);
+}
+
+void scheduler::decode() {
+    std::vector<sequence*> batch;
+    for (auto& s : active_)
+        if (!s->done && s->next >= 0) batch.push_back(s.get());
+    if (batch.empty()) return;
+    backend& be = eng_.be();
+    const int64_t B = (int64_t)batch.size();
+    if (ids_.t().rows < B) ids_ = be.alloc(B, 1, dtype::i32);
+    if (argmax_.t().rows < B) argmax_ = be.alloc(B, 1, dtype::i32);
+    std::vector<int32_t> ids((size_t)B);
+    std::vector<seq_span> spans;
+    for (int64_t i = 0; i < B; i++) {
+        ids[(size_t)i] = batch[(size_t)i]->next;
+        seq_state* st = batch[(size_t)i]->st.get();
+        spans.push_back(seq_span{st, i, 1, st->n_past()});
+    }
+    const tensor idt = ids_.t().rows_view(0, B);
+    be.upload(idt, ids.data());
+    const tensor logits = eng_.fwd().run(idt, spans, logits_rows::last);
+    const tensor am = argmax_.t().rows_view(0, B);
+    be.argmax(am, logits, eng_.n_valid_tokens());
+    std::vector<int32_t> dev((size_t)B);
+    be.download(dev.data(), am);
+    bool any_host = false;
+    for (sequence* s : batch) any_host = any_host || needs_host_logits(*s);
+    if (any_host) {
+        host_logits_.resize((size_t)logits.numel());
+        be.download(host_logits_.data(), logits);
+    }
+    const int64_t V = logits.cols;
+    for (int64_t i = 0; i < B; i++) {
+        sequence& s = *batch[(size_t)i];
+        const float* row = any_host && needs_host_logits(s) ? host_logits_.data() + i * V : nullptr;
+        pick_and_emit(s, row, dev[(size_t)i]);
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.steps++;
+    stats_.decode_rows += (uint64_t)B;
+}
+
+// Freed sequence states stay in the allocator's free lists (glibc keeps large freed blocks in its arenas once
+// it has raised its mmap threshold); when the batch drains, hand them back so an idle server's memory returns
+// to its idle level.
+void scheduler::release_free_memory() {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
+
+void scheduler::sweep_finished() {
+    active_.erase(std::remove_if(active_.begin(), active_.end(), [](const auto& s) { return s->done; }),
+                  active_.end());
+}
+
+void scheduler::loop() {
+    bool idle = true;
+    for (;;) {
+        std::vector<std::unique_ptr<sequence>> dropped, admitted;  // ended while queued; newly admitted
+        std::unordered_set<uint64_t> cancels;
+        bool expired = false;
+        {
+            std::unique_lock<std::mutex> lk(mu_);
+            cv_.wait(lk, [&] { return stop_ || !cancels_.empty() || !active_.empty() || !queue_.empty(); });
+            cancels.swap(cancels_);
+            for (auto it = queue_.begin(); it != queue_.end();) {
+                if (shutting_down_ || cancels.count((*it)->id)) {
+                    dropped.push_back(std::move(*it));
+                    it = queue_.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+            expired = shutting_down_ && sched_clock::now() >= deadline_;
+            if (stop_ && active_.empty() && dropped.empty() && queue_.empty()) {
+                stats_.active = 0;
+                stats_.queued = 0;
+                stats_.state_bytes = 0;
+                return;
+            }
+            // Admission: FIFO, bounded by the batch size, the state budget and the prefill budget.
+            size_t bytes = 0;
+            for (const auto& s : active_) bytes += s->st ? s->st->bytes() : 0;
+            int64_t prefill_tokens = 0;
+            while (!queue_.empty() && (int)(active_.size() + admitted.size()) < opt_.max_batch) {
+                const sequence& s = *queue_.front();
+                const int64_t T = (int64_t)s.req.prompt.size();
+                const size_t need = state_estimate(T, capacity_for(T + s.req.max_tokens));
+                const bool alone = active_.empty() && admitted.empty();
+                if (!alone && (bytes + need > opt_.state_budget || prefill_tokens + T > opt_.prefill_budget)) break;
+                bytes += need;
+                prefill_tokens += T;
+                admitted.push_back(std::move(queue_.front()));
+                queue_.pop_front();
+            }
+            stats_.queued = (int)queue_.size();
+        }
+        for (auto& s : dropped)
+            finish(*s, cancels.count(s->id) ? finish_reason::cancelled : finish_reason::shutdown);
+        for (auto& s : active_) {
+            if (cancels.count(s->id)) finish(*s, finish_reason::cancelled);
+            if (expired) finish(*s, finish_reason::shutdown);
+        }
+        sweep_finished();  // cancelled states are freed here, before any further compute
+        for (auto& s : admitted) {
+            s->admitted = sched_clock::now();
+            sequence& seq = *s;
+            active_.push_back(std::move(s));
+            try {
+                seq.st = eng_.new_sequence(capacity_for((int64_t)seq.req.prompt.size() + seq.req.max_tokens));
+                prefill(seq);
+                prompt_total_ += seq.req.prompt.size();
+            } catch (const std::exception& e) {
+                seq.st.reset();
+                finish(seq, finish_reason::error, e.what());
+            }
+        }
+        sweep_finished();
+        try {
+            decode();
+        } catch (const std::exception& e) {
+            // the batch's states are now inconsistent: end every sequence that was in it
+            TANSY_WARN("scheduler: decode step failed: %s", e.what());
+            for (auto& s : active_)
+                if (s->next >= 0) finish(*s, finish_reason::error, e.what());
+        }
+        sweep_finished();
+        size_t bytes = 0;
+        for (const auto& s : active_) bytes += s->st ? s->st->bytes() : 0;
+        if (active_.empty() && !idle) release_free_memory();
+        idle = active_.empty();
+        std::lock_guard<std::mutex> lk(mu_);
+        stats_.active = (int)active_.size();
+        stats_.state_bytes = bytes;
+        stats_.prompt_tokens = prompt_total_;
+        stats_.generated_tokens = generated_total_;
+    }
+}
+
+}  // namespace tansy

@@ -1,0 +1,163 @@
+// Continuous batching over one engine. A single engine-owner thread (the only thread that touches the engine
+// and its backend, which are single-threaded) loops:
+//   1. takes cancellations, frees their states at once;
+//   2. admits queued sequences (FIFO) while the batch is under max_batch and their state fits the memory
+//      budget, and prefills them, one forward each, whole prompts (what engine::generate does, so a lone
+//      greedy request gives exactly its tokens);
+//   3. decodes every running sequence together: one forward_pass::run with one single-token span per sequence;
+//   4. picks each sequence's next token with its own sampler (penalties, constraint, logprobs on the host;
+//      plain greedy rows use the backend's argmax, as engine::generate does), reports it to the sequence's
+//      sink, and ends sequences at a stop id or max_tokens.
+// Submission is bounded: a full queue is refused at once (the HTTP layer answers 429 with Retry-After).
+//
+// Text is not the scheduler's business: stop strings, detokenisation and parsing happen where the sink's
+// events are consumed (the HTTP worker), which cancels the sequence when a stop string matches.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "sampling/sampler.h"
+
+namespace tansy {
+
+// OpenAI's presence/frequency penalties (over generated tokens) and HF's repetition penalty (over prompt and
+// generated tokens).
+struct penalty_params {
+    float presence = 0.0f, frequency = 0.0f, repetition = 1.0f;
+    bool any() const { return presence != 0.0f || frequency != 0.0f || repetition != 1.0f; }
+};
+
+// Restricts which tokens may come next (JSON mode, forced tool calls). Lives on the engine thread only.
+class token_constraint {
+  public:
+    virtual ~token_constraint() = default;
+    // false while the constraint lets everything through (e.g. during reasoning): mask() is then not called.
+    virtual bool active() const = 0;
+    // Sets the logits of tokens that may not come next to -infinity. logits has n_valid entries. Must leave
+    // at least one token allowed.
+    virtual void mask(float* logits, int64_t n_valid, int64_t tokens_left) = 0;
+    virtual void accept(int32_t id) = 0;
+};
+
+using sched_clock = std::chrono::steady_clock;
+
+struct token_event {
+    int32_t id = -1;
+    sched_clock::time_point t;
+    // with logprobs requested: the chosen token's log-probability (model distribution, before penalties and
+    // constraints) and the top alternatives, most likely first
+    float logprob = 0.0f;
+    std::vector<std::pair<int32_t, float>> top;
+};
+
+enum class finish_reason { stop, length, cancelled, shutdown, error };
+const char* finish_reason_name(finish_reason r);
+
+struct finish_event {
+    finish_reason reason = finish_reason::stop;
+    std::string error;  // for finish_reason::error
+    int64_t prompt_tokens = 0, generated = 0;
+    double queue_s = 0, prefill_s = 0;  // waiting for admission; the prompt's forward
+};
+
+// Where a sequence's results go. Called on the engine thread (never under the scheduler's lock), so
+// implementations must be quick; they may call scheduler::cancel().
+class sequence_sink {
+  public:
+    virtual ~sequence_sink() = default;
+    virtual void on_token(const token_event& e) = 0;
+    virtual void on_finish(const finish_event& e) = 0;  // exactly once, last
+};
+
+struct sequence_request {
+    std::vector<int32_t> prompt;
+    int64_t max_tokens = 16;
+    sampling_params sampling;  // temperature 0: greedy
+    penalty_params penalties;
+    std::vector<int32_t> stop_ids;  // reported, then the sequence ends (finish_reason::stop)
+    int logprobs = -1;              // -1: none; k >= 0: logprob of the chosen token and the top k (k <= 20)
+    std::unique_ptr<token_constraint> constraint;
+    std::shared_ptr<sequence_sink> sink;
+};
+
+struct scheduler_options {
+    int max_batch = 16;                 // sequences decoded together
+    int max_queue = 64;                 // admitted-but-waiting sequences; beyond: submit() refuses
+    size_t state_budget = size_t(8) << 30;  // bytes of sequence state (KV cache + recurrent state) in use at most
+    int64_t prefill_budget = 4096;      // prompt tokens prefilled per iteration (at least one prompt)
+    // > 0: every state gets this capacity (the CUDA backend batches only sequences of equal capacity; the CPU
+    // backend grows its KV cache on demand, so there it costs nothing); 0: each gets prompt + max_tokens.
+    int64_t seq_capacity = 0;
+};
+
+struct scheduler_stats {
+    int active = 0, queued = 0;
+    size_t state_bytes = 0, state_budget = 0;
+    uint64_t steps = 0, decode_rows = 0;  // decode forwards, and the sequences they carried
+    uint64_t prompt_tokens = 0, generated_tokens = 0;
+};
+
+class scheduler {
+  public:
+    scheduler(engine& eng, scheduler_options opt);
+    ~scheduler();  // shutdown(0)
+    scheduler(const scheduler&) = delete;
+    scheduler& operator=(const scheduler&) = delete;
+
+    enum class submit_status { ok, queue_full, shutting_down, too_large };
+    // Thread-safe. On ok the sink will get its events; otherwise it gets none. `id` must be unique.
+    submit_status submit(uint64_t id, sequence_request&& r);
+    // Thread-safe: the sequence ends (finish_reason::cancelled) and its state is freed at the next iteration.
+    void cancel(uint64_t id);
+    // Stops admitting; running sequences may finish until `grace` has passed, then are ended with
+    // finish_reason::shutdown, as are the queued ones at once. Joins the engine thread. Idempotent.
+    void shutdown(std::chrono::milliseconds grace);
+    scheduler_stats stats() const;
+    // Bytes of state a sequence of this prompt and capacity is expected to need when admitted.
+    size_t state_estimate(int64_t prompt_tokens, int64_t capacity) const;
+    const scheduler_options& options() const { return opt_; }
+
+  private:
+    struct sequence;
+    void loop();
+    void admit(std::vector<sequence*>& fresh);
+    void prefill(sequence& s);
+    void decode();
+    void pick_and_emit(sequence& s, const float* row, int32_t device_argmax);
+    void finish(sequence& s, finish_reason r, const std::string& error = "");
+    void sweep_finished();
+    static void release_free_memory();
+    bool needs_host_logits(const sequence& s) const;
+    int64_t capacity_for(int64_t tokens) const { return opt_.seq_capacity > 0 ? opt_.seq_capacity : tokens; }
+
+    engine& eng_;
+    scheduler_options opt_;
+    size_t base_bytes_ = 0, per_token_bytes_ = 0;
+    bool preallocated_ = false;  // the backend allocates a state's whole capacity up front
+
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::unique_ptr<sequence>> queue_;  // guarded by mu_
+    std::unordered_set<uint64_t> cancels_;         // guarded by mu_
+    bool shutting_down_ = false, stop_ = false;    // guarded by mu_
+    sched_clock::time_point deadline_;             // guarded by mu_
+    scheduler_stats stats_;                        // guarded by mu_ (copied out by stats())
+
+    // engine thread only
+    std::vector<std::unique_ptr<sequence>> active_;
+    buffer ids_, argmax_;           // int32 [max(max_batch, longest prompt), 1], [max_batch, 1]
+    std::vector<float> host_logits_, scratch_;
+    uint64_t prompt_total_ = 0, generated_total_ = 0;
+    std::thread thread_;
+};
+
+}  // namespace tansy

@@ -1,0 +1,551 @@
+#include "server/openai.h"
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "core/check.h"
+#include "model/config.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/utf8.h"
+
+namespace tansy {
+
+api_error::api_error(int st, const std::string& message, std::string p, std::string c, std::string t)
+    : std::runtime_error(message), status(st), param(std::move(p)), code(std::move(c)), type(std::move(t)) {}
+
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+static const char* default_type(int status) {
+    switch (status) {
+        case 401: return "authentication_error";
+        case 403: return "permission_error";
+        case 404: return "not_found_error";
+        case 429: return "rate_limit_error";
+        case 500: return "server_error";
+        case 503: return "service_unavailable";
+        default: return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+std::string error_body(int status, const std::string& message, const std::string& param, const std::string& code,
+                       const std::string& type) {
+    ojson e = {{"message", message},
+               {"type", type.empty() ? default_type(status) : type},
+               {"param", param.empty() ? ojson(nullptr) : ojson(param)},
+               {"code", code.empty() ? ojson(nullptr) : ojson(code)}};
+    return dump(ojson{{"error", e}});
+}
+
+std::string error_body(const api_error& e) { return error_body(e.status, e.what(), e.param, e.code, e.type); }
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "") {
+    throw api_error(400, msg, param, code);
+}
+
+ojson parse_body(const std::string& body) {
+    if (body.empty()) bad("", "the request body is empty; expected a JSON object");
+    ojson j;
+    try {
+        j = ojson::parse(body);
+    } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e999
+        // nlohmann reports ill-formed UTF-8 inside strings as a parse error too
+        const std::string what = e.what();
+        if (what.find("UTF-8") != std::string::npos || what.find("utf-8") != std::string::npos ||
+            utf8_find_invalid(body) >= 0)
+            bad("", "the request body is not valid UTF-8 (" + what + ")", "invalid_utf8");
+        bad("", "the request body is not valid JSON: " + what, "invalid_json");
+    }
+    if (!j.is_object()) bad("", std::string("the request body must be a JSON object, got ") + j.type_name());
+    return j;
+}
+
+// A field, or nullptr when absent or null (OpenAI treats an explicit null as "not given").
+const ojson* field(const ojson& o, const char* k) {
+    auto it = o.find(k);
+    return it == o.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string type_of(const ojson& v) { return v.type_name(); }
+
+double number(const ojson& o, const char* k, double dflt, double lo, double hi, bool lo_open = false) {
+    const ojson* v = field(o, k);
+    if (!v) return dflt;
+    if (!v->is_number()) bad(k, std::string("'") + k + "' must be a number, got " + type_of(*v));
+    const double x = v->get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+        bad(k, strprintf("'%s' must be in %c%g, %g], got %g", k, lo_open ? '(' : '[', lo, hi, x));
+    return x;
+}
+
+int64_t integer(const ojson& o, const char* k, int64_t dflt, int64_t lo, int64_t hi) {
+    const ojson* v = field(o, k);
+    if (!v) return dflt;
+    if (!v->is_number()) bad(k, std::string("'") + k + "' must be an integer, got " + type_of(*v));
+    if (v->is_number_float()) {
+        const double d = v->get<double>();
+        if (!std::isfinite(d) || d != std::floor(d)) bad(k, std::string("'") + k + "' must be an integer");
+        if (d < (double)lo || d > (double)hi) bad(k, strprintf("'%s' must be in [%lld, %lld]", k, (long long)lo, (long long)hi));
+        return (int64_t)d;
+    }
+    if (v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t)INT64_MAX)
+        bad(k, strprintf("'%s' must be in [%lld, %lld]", k, (long long)lo, (long long)hi));
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) bad(k, strprintf("'%s' must be in [%lld, %lld], got %lld", k, (long long)lo, (long long)hi, (long long)x));
+    return x;
+}
+
+bool boolean(const ojson& o, const char* k, bool dflt) {
+    const ojson* v = field(o, k);
+    if (!v) return dflt;
+    if (!v->is_boolean()) bad(k, std::string("'") + k + "' must be a boolean, got " + type_of(*v));
+    return v->get<bool>();
+}
+
+// Fields shared by both endpoints: sampling, penalties, stop, stream, n.
+void parse_common(const ojson& j, completion_request& r, const sampling_params& d) {
+    if (const ojson* m = field(j, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
+    if (integer(j, "n", 1, INT64_MIN, INT64_MAX) != 1) bad("n", "only n = 1 is supported", "unsupported_value");
+    if (integer(j, "best_of", 1, INT64_MIN, INT64_MAX) != 1) bad("best_of", "only best_of = 1 is supported", "unsupported_value");
+    r.sampling.temperature = (float)number(j, "temperature", d.temperature, 0.0, 2.0);
+    r.sampling.top_p = (float)number(j, "top_p", d.top_p, 0.0, 1.0, /*lo_open=*/true);
+    const int64_t top_k = integer(j, "top_k", d.top_k, -1, 1 << 30);
+    r.sampling.top_k = top_k < 0 ? 0 : (int)top_k;  // -1: off (vLLM's spelling)
+    r.sampling.min_p = (float)number(j, "min_p", d.min_p, 0.0, 1.0);
+    if (r.sampling.min_p >= 1.0f) bad("min_p", "'min_p' must be below 1");
+    if (const ojson* s = field(j, "seed")) {
+        if (!s->is_number_integer()) bad("seed", "'seed' must be an integer");
+        r.sampling.seed = s->is_number_unsigned() ? s->get<uint64_t>() : (uint64_t)s->get<int64_t>();
+    } else {
+        r.sampling.seed = std::random_device{}() ^ ((uint64_t)std::random_device{}() << 32);
+    }
+    r.penalties.presence = (float)number(j, "presence_penalty", 0.0, -2.0, 2.0);
+    r.penalties.frequency = (float)number(j, "frequency_penalty", 0.0, -2.0, 2.0);
+    r.penalties.repetition = (float)number(j, "repetition_penalty", 1.0, 0.0, 10.0, /*lo_open=*/true);
+    if (const ojson* s = field(j, "stop")) {
+        if (s->is_string()) {
+            r.stop.push_back(s->get<std::string>());
+        } else if (s->is_array()) {
+            if (s->size() > 16) bad("stop", "at most 16 stop sequences are supported");
+            for (const ojson& x : *s) {
+                if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+                r.stop.push_back(x.get<std::string>());
+            }
+        } else {
+            bad("stop", "'stop' must be a string or an array of strings, got " + type_of(*s));
+        }
+        for (const std::string& x : r.stop)
+            if (x.size() > 1024) bad("stop", "a stop sequence is longer than 1024 bytes");
+    }
+    r.stream = boolean(j, "stream", false);
+    if (const ojson* so = field(j, "stream_options")) {
+        if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
+        r.include_usage = boolean(*so, "include_usage", false);
+    }
+}
+
+int64_t max_tokens_field(const ojson& j, int64_t dflt) {
+    const int64_t a = integer(j, "max_completion_tokens", -2, 1, INT64_MAX / 4);
+    if (a != -2) return a;
+    return integer(j, "max_tokens", dflt, 1, INT64_MAX / 4);
+}
+
+// Checks a message's content: a string, or an array of text parts (other part types are refused clearly).
+void check_content(const ojson& c, const std::string& where) {
+    if (c.is_string()) return;
+    if (!c.is_array()) bad(where, where + " must be a string or an array of content parts, got " + type_of(c));
+    for (size_t k = 0; k < c.size(); k++) {
+        const ojson& part = c[k];
+        const std::string w = where + "[" + std::to_string(k) + "]";
+        if (!part.is_object()) bad(w, w + " must be an object");
+        const ojson* type = field(part, "type");
+        const std::string t = type && type->is_string() ? type->get<std::string>() : "";
+        if (t == "text" || t == "input_text" || (t.empty() && part.contains("text"))) {
+            const ojson* text = field(part, "text");
+            if (!text || !text->is_string()) bad(w, w + ".text must be a string");
+            continue;
+        }
+        if (t == "image_url" || t == "image" || t == "input_image" || t == "video" || t == "video_url" ||
+            t == "input_audio" || t == "file")
+            bad(w, "content parts of type '" + t + "' are not supported (this server is text only)", "unsupported_content");
+        bad(w, w + " has an unknown type '" + t + "'");
+    }
+}
+
+// Checks every message and returns the list the template wants: roles known, contents well typed, assistant
+// tool calls with JSON-string arguments parsed into objects (a 400 when they do not parse).
+ojson parse_messages(const ojson& j) {
+    const ojson* ms = field(j, "messages");
+    if (!ms) bad("messages", "'messages' is required");
+    if (!ms->is_array()) bad("messages", "'messages' must be an array, got " + type_of(*ms));
+    if (ms->empty()) bad("messages", "'messages' must contain at least one message");
+    ojson out = ojson::array();
+    for (size_t i = 0; i < ms->size(); i++) {
+        const ojson& m = (*ms)[i];
+        const std::string w = "messages[" + std::to_string(i) + "]";
+        if (!m.is_object()) bad(w, w + " must be an object, got " + type_of(m));
+        const ojson* role = field(m, "role");
+        if (!role || !role->is_string()) bad(w + ".role", w + ".role is required and must be a string");
+        std::string r = role->get<std::string>();
+        if (r == "developer") r = "system";  // OpenAI's newer name for the system turn
+        if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+            bad(w + ".role", w + ": unknown role '" + role->get<std::string>() +
+                                 "' (expected system, developer, user, assistant or tool)");
+        ojson mm = m;
+        mm["role"] = r;
+        const ojson* content = field(m, "content");
+        const ojson* calls = field(m, "tool_calls");
+        if (content) {
+            check_content(*content, w + ".content");
+        } else if (r != "assistant") {
+            bad(w + ".content", w + ".content is required for role '" + r + "'");
+        }
+        if (calls) {
+            if (r != "assistant") bad(w + ".tool_calls", "only assistant messages carry tool_calls");
+            if (!calls->is_array()) bad(w + ".tool_calls", w + ".tool_calls must be an array");
+            for (size_t k = 0; k < calls->size(); k++) {
+                const ojson& c = (*calls)[k];
+                const std::string wc = w + ".tool_calls[" + std::to_string(k) + "]";
+                if (!c.is_object()) bad(wc, wc + " must be an object");
+                const ojson* f = field(c, "function");
+                if (!f || !f->is_object()) bad(wc + ".function", wc + ".function must be an object");
+                const ojson* name = field(*f, "name");
+                if (!name || !name->is_string() || name->get<std::string>().empty())
+                    bad(wc + ".function.name", wc + ".function.name must be a non-empty string");
+                const ojson* args = field(*f, "arguments");
+                if (args && !args->is_string() && !args->is_object())
+                    bad(wc + ".function.arguments", wc + ".function.arguments must be a JSON string");
+            }
+        }
+        if (const ojson* rc = field(m, "reasoning_content"); rc && !rc->is_string())
+            bad(w + ".reasoning_content", w + ".reasoning_content must be a string");
+        if (!mm.contains("reasoning_content"))
+            if (const ojson* rc = field(m, "reasoning"); rc && rc->is_string()) mm["reasoning_content"] = *rc;
+        out.push_back(std::move(mm));
+    }
+    try {
+        return normalize_openai_tool_calls(out);
+    } catch (const error& e) {
+        std::string msg = e.what();
+        const std::string prefix = "chat request: ";
+        if (msg.rfind(prefix, 0) == 0) msg.erase(0, prefix.size());
+        bad("messages", msg, "invalid_tool_call_arguments");
+    } catch (const nlohmann::json::exception& e) {
+        // note: normalize_openai_tool_calls lets nlohmann's out_of_range through (arguments "{\"a\": 1e999}")
+        bad("messages", std::string("tool-call arguments are not valid JSON: ") + e.what(), "invalid_tool_call_arguments");
+    }
+}
+
+ojson parse_tools(const ojson& j) {
+    const ojson* t = field(j, "tools");
+    if (!t) return nullptr;
+    if (!t->is_array()) bad("tools", "'tools' must be an array, got " + type_of(*t));
+    for (size_t i = 0; i < t->size(); i++) {
+        const ojson& tool = (*t)[i];
+        const std::string w = "tools[" + std::to_string(i) + "]";
+        if (!tool.is_object()) bad(w, w + " must be an object");
+        const ojson* type = field(tool, "type");
+        if (type && (!type->is_string() || type->get<std::string>() != "function"))
+            bad(w + ".type", w + ".type must be \"function\"");
+        const ojson* f = field(tool, "function");
+        if (!f || !f->is_object()) bad(w + ".function", w + ".function must be an object");
+        const ojson* name = field(*f, "name");
+        if (!name || !name->is_string() || name->get<std::string>().empty())
+            bad(w + ".function.name", w + ".function.name must be a non-empty string");
+        const std::string n = name->get<std::string>();
+        if (n.find_first_of("<>\n") != std::string::npos)
+            bad(w + ".function.name", w + ".function.name may not contain '<', '>' or newlines");
+        if (const ojson* p = field(*f, "parameters"); p && !p->is_object())
+            bad(w + ".function.parameters", w + ".function.parameters must be a JSON schema object");
+    }
+    return t->empty() ? ojson(nullptr) : *t;
+}
+
+bool has_tool(const ojson& tools, const std::string& name) {
+    if (!tools.is_array()) return false;
+    for (const ojson& t : tools) {  // parse_tools has checked the shape
+        const ojson* f = field(t, "function");
+        const ojson* n = f ? field(*f, "name") : nullptr;
+        if (n && n->is_string() && n->get<std::string>() == name) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+completion_request parse_chat_request(const std::string& body, const sampling_params& defaults) {
+    const ojson j = parse_body(body);
+    completion_request r;
+    r.chat = true;
+    parse_common(j, r, defaults);
+    r.max_tokens = max_tokens_field(j, -1);
+    r.messages = parse_messages(j);
+    r.tools = parse_tools(j);
+    if (const ojson* tc = field(j, "tool_choice")) {
+        if (tc->is_string()) {
+            const std::string s = tc->get<std::string>();
+            if (s == "auto") r.tool_choice = tool_choice_mode::automatic;
+            else if (s == "none") r.tool_choice = tool_choice_mode::none;
+            else if (s == "required") r.tool_choice = tool_choice_mode::required;
+            else bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
+        } else if (tc->is_object()) {
+            const ojson* f = field(*tc, "function");
+            const ojson* name = f && f->is_object() ? field(*f, "name") : nullptr;
+            if (!name || !name->is_string())
+                bad("tool_choice", "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            r.tool_choice = tool_choice_mode::named;
+            r.tool_name = name->get<std::string>();
+            if (!has_tool(r.tools, r.tool_name))
+                bad("tool_choice", "tool_choice names '" + r.tool_name + "', which is not among 'tools'");
+        } else {
+            bad("tool_choice", "'tool_choice' must be a string or an object");
+        }
+        if (r.tool_choice == tool_choice_mode::required && r.tools.is_null())
+            bad("tool_choice", "tool_choice \"required\" needs 'tools'");
+    }
+    if (const ojson* rf = field(j, "response_format")) {
+        if (!rf->is_object()) bad("response_format", "'response_format' must be an object");
+        const ojson* type = field(*rf, "type");
+        const std::string t = type && type->is_string() ? type->get<std::string>() : "";
+        if (t == "json_object" || t == "json_schema") r.json_mode = true;
+        else if (t != "text") bad("response_format", "response_format.type must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+    if (const ojson* k = field(j, "chat_template_kwargs")) {
+        if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        r.template_kwargs = *k;
+    }
+    if (const ojson* e = field(j, "reasoning_effort")) {
+        if (!e->is_string()) bad("reasoning_effort", "'reasoning_effort' must be a string");
+        const std::string s = e->get<std::string>();
+        if (s != "none" && s != "minimal" && s != "low" && s != "medium" && s != "high")
+            bad("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high");
+        // none turns thinking off, unless chat_template_kwargs says otherwise explicitly
+        if (s == "none" && !r.template_kwargs.contains("enable_thinking")) r.template_kwargs["enable_thinking"] = false;
+    }
+    const ojson* et = field(r.template_kwargs, "enable_thinking");
+    r.thinking = !(et && et->is_boolean() && !et->get<bool>());  // the template's rule: only false turns it off
+    if (boolean(j, "logprobs", false)) {
+        r.logprobs = (int)integer(j, "top_logprobs", 0, 0, 20);
+    } else if (field(j, "top_logprobs")) {
+        integer(j, "top_logprobs", 0, 0, 20);
+        bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    return r;
+}
+
+completion_request parse_completion_request(const std::string& body, const sampling_params& defaults) {
+    const ojson j = parse_body(body);
+    completion_request r;
+    r.chat = false;
+    parse_common(j, r, defaults);
+    r.max_tokens = max_tokens_field(j, 16);  // the legacy endpoint's default
+    const ojson* p = field(j, "prompt");
+    if (!p) bad("prompt", "'prompt' is required");
+    const ojson* one = p;
+    if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
+        if (p->size() != 1) bad("prompt", "only one prompt per request is supported");
+        one = &p->front();
+    }
+    if (one->is_string()) {
+        r.prompt_text = one->get<std::string>();
+    } else if (one->is_array()) {
+        r.prompt_is_ids = true;
+        for (const ojson& x : *one) {
+            if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+                bad("prompt", "a token-id prompt must be an array of non-negative integers");
+            r.prompt_ids.push_back((int32_t)x.get<int64_t>());
+        }
+    } else {
+        bad("prompt", "'prompt' must be a string, an array of token ids, or an array of one of those");
+    }
+    if (boolean(j, "echo", false)) bad("echo", "'echo' is not supported", "unsupported_value");
+    if (const ojson* s = field(j, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
+        bad("suffix", "'suffix' is not supported", "unsupported_value");
+    if (field(j, "logprobs")) r.logprobs = (int)integer(j, "logprobs", 0, 0, 20);
+    return r;
+}
+
+sampling_params load_sampling_defaults(const std::string& dir) {
+    sampling_params p;  // greedy
+    const std::string path = dir + "/generation_config.json";
+    if (!file_exists(path)) return p;
+    ojson g = ojson::parse(read_text_file(path), nullptr, false);
+    if (!g.is_object()) return p;
+    const ojson* ds = field(g, "do_sample");
+    if (!ds || !ds->is_boolean() || !ds->get<bool>()) return p;
+    auto num = [&](const char* k, double d) {
+        const ojson* v = field(g, k);
+        return v && v->is_number() ? v->get<double>() : d;
+    };
+    p.temperature = (float)num("temperature", 1.0);
+    p.top_p = (float)num("top_p", 1.0);
+    p.top_k = (int)num("top_k", 0);
+    p.min_p = (float)num("min_p", 0.0);
+    return p;
+}
+
+// ---- responses
+
+std::string new_id(const char* prefix) {
+    static thread_local std::mt19937_64 rng(std::random_device{}() ^ (uint64_t)(uintptr_t)&rng);
+    char b[32];
+    snprintf(b, sizeof b, "%016llx%08llx", (unsigned long long)rng(), (unsigned long long)(rng() & 0xffffffffu));
+    return std::string(prefix) + b;
+}
+
+ojson usage_json(int64_t prompt, int64_t completion, int64_t reasoning) {
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion},
+            {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
+}
+
+namespace {
+
+ojson bytes_of(std::string_view s) {
+    ojson b = ojson::array();
+    for (unsigned char c : s) b.push_back((int)c);
+    return b;
+}
+
+std::string token_text(const tokenizer& tok, int32_t id) {
+    if (id < 0 || id >= tok.size()) return "";
+    return utf8_lossy(tok.token_bytes(id));
+}
+
+}  // namespace
+
+ojson chat_logprobs(const tokenizer& tok, const std::vector<token_event>& tokens) {
+    ojson content = ojson::array();
+    for (const token_event& e : tokens) {
+        ojson top = ojson::array();
+        for (const auto& [id, lp] : e.top)
+            top.push_back({{"token", token_text(tok, id)}, {"logprob", lp}, {"bytes", bytes_of(tok.token_bytes(id))}});
+        content.push_back({{"token", token_text(tok, e.id)},
+                           {"logprob", e.logprob},
+                           {"bytes", bytes_of(tok.token_bytes(e.id))},
+                           {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+}
+
+ojson completion_logprobs(const tokenizer& tok, const std::vector<token_event>& tokens, int64_t offset0) {
+    ojson toks = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
+    int64_t off = offset0;
+    for (const token_event& e : tokens) {
+        const std::string t = token_text(tok, e.id);
+        toks.push_back(t);
+        lps.push_back(e.logprob);
+        ojson top = ojson::object();
+        for (const auto& [id, lp] : e.top) top[token_text(tok, id)] = lp;
+        tops.push_back(top);
+        offs.push_back(off);
+        off += (int64_t)t.size();
+    }
+    return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+ojson chat_response(const response_meta& m, const output_parser& p, const std::vector<std::string>& call_ids,
+                    const std::string& finish, const ojson& usage, const ojson& logprobs) {
+    ojson msg = {{"role", "assistant"},
+                 {"content", p.content().empty() && !p.tool_calls().empty() ? ojson(nullptr) : ojson(p.content())},
+                 {"reasoning_content", p.reasoning().empty() ? ojson(nullptr) : ojson(p.reasoning())}};
+    if (!p.tool_calls().empty()) {
+        ojson calls = ojson::array();
+        for (size_t i = 0; i < p.tool_calls().size(); i++) {
+            const parsed_tool_call& c = p.tool_calls()[i];
+            calls.push_back({{"id", i < call_ids.size() ? call_ids[i] : new_id("call_")},
+                             {"type", "function"},
+                             {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        }
+        msg["tool_calls"] = calls;
+    }
+    return {{"id", m.id},
+            {"object", "chat.completion"},
+            {"created", m.created},
+            {"model", m.model},
+            {"choices", ojson::array({{{"index", 0}, {"message", msg}, {"logprobs", logprobs}, {"finish_reason", finish}}})},
+            {"usage", usage},
+            {"system_fingerprint", nullptr}};
+}
+
+ojson chat_delta(const parsed_delta& d, std::vector<std::string>& call_ids) {
+    ojson delta = ojson::object();
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.content.empty()) delta["content"] = d.content;
+    if (!d.tool_calls.empty()) {
+        ojson calls = ojson::array();
+        for (const tool_call_delta& t : d.tool_calls) {
+            ojson c = {{"index", t.index}};
+            ojson f = ojson::object();
+            if (!t.name.empty()) {
+                while ((int)call_ids.size() <= t.index) call_ids.push_back(new_id("call_"));
+                c["id"] = call_ids[(size_t)t.index];
+                c["type"] = "function";
+                f["name"] = t.name;
+            }
+            f["arguments"] = t.arguments;
+            c["function"] = f;
+            calls.push_back(c);
+        }
+        delta["tool_calls"] = calls;
+    }
+    return delta;
+}
+
+ojson chat_chunk(const response_meta& m, const ojson& delta, const std::string& finish, const ojson& logprobs,
+                 bool include_usage) {
+    ojson c = {{"id", m.id},
+               {"object", "chat.completion.chunk"},
+               {"created", m.created},
+               {"model", m.model},
+               {"system_fingerprint", nullptr},
+               {"choices", ojson::array({{{"index", 0},
+                                          {"delta", delta},
+                                          {"logprobs", logprobs},
+                                          {"finish_reason", finish.empty() ? ojson(nullptr) : ojson(finish)}}})}};
+    if (include_usage) c["usage"] = nullptr;
+    return c;
+}
+
+ojson completion_response(const response_meta& m, const std::string& text, const std::string& finish,
+                          const ojson& usage, const ojson& logprobs) {
+    return {{"id", m.id},
+            {"object", "text_completion"},
+            {"created", m.created},
+            {"model", m.model},
+            {"choices", ojson::array({{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}}})},
+            {"usage", usage},
+            {"system_fingerprint", nullptr}};
+}
+
+ojson completion_chunk(const response_meta& m, const std::string& text, const std::string& finish,
+                       const ojson& logprobs, bool include_usage) {
+    ojson c = {{"id", m.id},
+               {"object", "text_completion"},
+               {"created", m.created},
+               {"model", m.model},
+               {"system_fingerprint", nullptr},
+               {"choices", ojson::array({{{"index", 0},
+                                          {"text", text},
+                                          {"logprobs", logprobs},
+                                          {"finish_reason", finish.empty() ? ojson(nullptr) : ojson(finish)}}})}};
+    if (include_usage) c["usage"] = nullptr;
+    return c;
+}
+
+ojson usage_chunk(const response_meta& m, bool chat, const ojson& usage) {
+    return {{"id", m.id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", m.created},
+            {"model", m.model},
+            {"system_fingerprint", nullptr},
+            {"choices", ojson::array()},
+            {"usage", usage}};
+}
+
+std::string sse(const ojson& j) { return "data: " + dump(j) + "\n\n"; }
+
+}  // namespace tansy

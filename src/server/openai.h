@@ -1,0 +1,102 @@
+// The OpenAI wire format: request bodies of /v1/chat/completions and /v1/completions parsed and validated into
+// a completion_request, and responses, stream chunks, usage and errors built in OpenAI's exact shapes.
+// Parsing throws api_error (status, message, param, code); the handlers turn it into the error JSON.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/output_parser.h"
+#include "runtime/scheduler.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tansy {
+
+using ojson = nlohmann::ordered_json;
+
+struct api_error : std::runtime_error {
+    int status;
+    std::string param, code, type;
+    api_error(int status, const std::string& message, std::string param = "", std::string code = "", std::string type = "");
+};
+
+// {"error": {"message", "type", "param", "code"}}; type defaults from the status (invalid_request_error, ...).
+std::string error_body(int status, const std::string& message, const std::string& param = "",
+                       const std::string& code = "", const std::string& type = "");
+std::string error_body(const api_error& e);
+// JSON text that never throws (invalid UTF-8 is replaced; stream_decoder never produces it anyway).
+std::string dump(const ojson& j);
+
+enum class tool_choice_mode { automatic, none, required, named };
+
+struct completion_request {
+    bool chat = true;
+    // chat
+    ojson messages;          // validated; tool-call arguments parsed into objects (ready for render_chat)
+    ojson tools;             // array, or null
+    ojson template_kwargs = ojson::object();
+    bool thinking = true;    // the rendered prompt opens <think> (enable_thinking not false)
+    tool_choice_mode tool_choice = tool_choice_mode::automatic;
+    std::string tool_name;   // tool_choice named
+    bool json_mode = false;  // response_format json_object / json_schema (syntax only)
+    // completions
+    std::string prompt_text;
+    std::vector<int32_t> prompt_ids;  // a prompt given as token ids
+    bool prompt_is_ids = false;
+    // both
+    int64_t max_tokens = -1;  // -1: up to the context length
+    sampling_params sampling;
+    penalty_params penalties;
+    std::vector<std::string> stop;
+    bool stream = false, include_usage = false;
+    int logprobs = -1;  // -1: none; else the number of top alternatives per token
+};
+
+// `defaults`: the model's sampling defaults (generation_config.json), used for fields the request omits.
+completion_request parse_chat_request(const std::string& body, const sampling_params& defaults);
+completion_request parse_completion_request(const std::string& body, const sampling_params& defaults);
+
+// The model's recommended sampling (generation_config.json: do_sample, temperature, top_p, top_k, min_p);
+// greedy when it says do_sample false or has no file.
+sampling_params load_sampling_defaults(const std::string& model_dir);
+
+// ---- responses
+
+struct response_meta {
+    std::string id;  // chatcmpl-... / cmpl-...
+    int64_t created = 0;
+    std::string model;
+};
+
+std::string new_id(const char* prefix);  // prefix + 24 random hex digits
+
+ojson usage_json(int64_t prompt, int64_t completion, int64_t reasoning);
+
+// Chat: the "logprobs" object {"content": [...]} for these tokens.
+ojson chat_logprobs(const tokenizer& tok, const std::vector<token_event>& tokens);
+// Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, text_offset counted from `offset0`.
+ojson completion_logprobs(const tokenizer& tok, const std::vector<token_event>& tokens, int64_t offset0);
+
+// A finished chat completion.
+ojson chat_response(const response_meta& m, const output_parser& p, const std::vector<std::string>& call_ids,
+                    const std::string& finish, const ojson& usage, const ojson& logprobs);
+// One chat.completion.chunk: `delta` as given; finish null when empty; usage included when include_usage.
+ojson chat_chunk(const response_meta& m, const ojson& delta, const std::string& finish, const ojson& logprobs,
+                 bool include_usage);
+// The delta of a parser step (reasoning_content, content, tool_calls with ids for new calls).
+ojson chat_delta(const parsed_delta& d, std::vector<std::string>& call_ids);
+
+ojson completion_response(const response_meta& m, const std::string& text, const std::string& finish,
+                          const ojson& usage, const ojson& logprobs);
+ojson completion_chunk(const response_meta& m, const std::string& text, const std::string& finish,
+                       const ojson& logprobs, bool include_usage);
+// The final usage-only chunk of a stream (choices empty).
+ojson usage_chunk(const response_meta& m, bool chat, const ojson& usage);
+
+std::string sse(const ojson& j);  // "data: {json}\n\n"
+
+}  // namespace tansy

@@ -1,0 +1,532 @@
+#include "server/server.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "core/check.h"
+#include "model/config.h"
+#include "runtime/text_engine.h"
+#include "server/auth.h"
+#include "server/constraints.h"
+#include "server/load_progress.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/queue.h"
+#include "server/text_stream.h"
+#include "server/tokenize_pool.h"
+#include "tokenizer/chat_template.h"
+
+namespace tansy {
+
+namespace {
+
+using clock_t_ = std::chrono::steady_clock;
+constexpr auto k_poll = std::chrono::milliseconds(100);  // how often a waiting worker checks its client
+
+double secs(clock_t_::time_point a, clock_t_::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// One request in flight: what its worker needs while the sequence runs (shared with the stream function).
+struct job {
+    uint64_t seq_id = 0;
+    response_meta meta;
+    const char* endpoint = "chat";
+    bool chat = true, stream = false, include_usage = false;
+    int logprobs = -1;
+    int64_t prompt_tokens = 0;
+    std::shared_ptr<result_channel> ch = std::make_shared<result_channel>();
+    std::unique_ptr<completion_text> text;
+    std::vector<std::string> call_ids;
+    std::vector<token_event> lp_tokens;  // non-streamed logprobs
+    int64_t text_offset = 0;             // completions logprobs: bytes of text before the current chunk
+    clock_t_::time_point t0, t_first, t_prev;
+    bool got_first = false, cancel_sent = false;
+    finish_event fin;
+    std::function<bool()> client_closed;
+};
+
+}  // namespace
+
+struct server::state {
+    serve_options opt;
+    http_server http;
+    std::thread http_thread;
+    server_metrics metrics;
+    std::atomic<bool> ready{false}, stopping{false};
+    std::unique_ptr<text_engine> te;
+    std::unique_ptr<scheduler> sched;
+    std::unique_ptr<tokenize_pool> tok_pool;
+    std::shared_ptr<const token_table> tokens;
+    sampling_params defaults;
+    int64_t ctx = 0;
+    int64_t created = unix_now();
+    std::atomic<uint64_t> next_seq{1};
+    std::mutex stop_mu, log_mu;
+    std::condition_variable stop_cv;
+    bool stop_requested = false;
+
+    explicit state(serve_options o) : opt(std::move(o)), http(opt.http) {}
+
+    void log_line(const std::string& s) {
+        if (!opt.log_requests) return;
+        std::lock_guard<std::mutex> lk(log_mu);
+        fprintf(stderr, "tansy: %s\n", s.c_str());
+    }
+
+    void reply_error(http_response& res, const api_error& e, const char* endpoint, const std::string& id = "-") {
+        res = http_response{};
+        res.status = e.status;
+        res.body = error_body(e);
+        if (e.status == 429 || e.status == 503) res.headers.emplace_back("Retry-After", e.status == 429 ? "1" : "5");
+        if (e.status == 401) res.headers.emplace_back("WWW-Authenticate", "Bearer");
+        metrics.request_done(endpoint, e.status);
+        log_line(strprintf("%s %d %s: %s", id.c_str(), e.status, endpoint, e.what()));
+    }
+
+    void check_auth(const http_request& req) {
+        if (!bearer_ok(req.header("authorization"), opt.api_key))
+            throw api_error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "", "invalid_api_key");
+    }
+
+    // ---- routes
+
+    void install_routes() {
+        http.set_error_body([](int status, const std::string& msg) {
+            const char* code = status == 413 ? "request_too_large" : status == 404 ? "unknown_url" : "";
+            return error_body(status, msg, "", code);
+        });
+        http.set_logger([this](const http_request& r, int status) {
+            if (r.path != "/v1/chat/completions" && r.path != "/v1/completions" && r.path != "/health" &&
+                r.path != "/metrics" && status >= 400)
+                log_line(strprintf("- %d %s %s", status, r.method.c_str(), r.path.c_str()));
+        });
+        http.route("GET", "/health", [this](const http_request&, http_response& res) {
+            const bool ok = ready && !stopping;
+            res.status = ok ? 200 : 503;
+            res.body = ok ? R"({"status": "ok"})" : stopping ? R"({"status": "shutting down"})" : R"({"status": "loading"})";
+            if (!ok) res.headers.emplace_back("Retry-After", "5");
+        });
+        http.route("GET", "/metrics", [this](const http_request& req, http_response& res) {
+            try {
+                check_auth(req);
+            } catch (const api_error& e) {
+                return reply_error(res, e, "metrics");
+            }
+            scheduler_stats st;
+            if (ready) st = sched->stats();
+            res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+            res.body = metrics.render(ready ? &st : nullptr, ready);
+        });
+        auto models = [this](const http_request& req, http_response& res) {
+            try {
+                check_auth(req);
+            } catch (const api_error& e) {
+                return reply_error(res, e, "models");
+            }
+            const ojson m = {{"id", opt.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "tansy"},
+                             {"max_model_len", ctx}};
+            res.body = req.path == "/v1/models" ? dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}) : dump(m);
+            metrics.request_done("models", 200);
+        };
+        http.route("GET", "/v1/models", models);
+        http.route("GET", "/v1/models/" + opt.model_name, models);
+        http.route("POST", "/v1/chat/completions",
+                   [this](const http_request& req, http_response& res) { handle_completion(req, res, true); });
+        http.route("POST", "/v1/completions",
+                   [this](const http_request& req, http_response& res) { handle_completion(req, res, false); });
+    }
+
+    // ---- completions
+
+    std::vector<int32_t> build_prompt(const completion_request& r, bool* thinking) {
+        std::vector<int32_t> ids;
+        *thinking = false;
+        try {
+            if (r.chat) {
+                chat_options co;
+                co.kwargs = r.template_kwargs;
+                const ojson tools = r.tool_choice == tool_choice_mode::none ? ojson(nullptr) : r.tools;
+                const std::string text = render_chat(r.messages, tools, co);
+                // thinking is on exactly when the template opened <think> for the answer
+                const std::string open = "<think>\n";
+                *thinking = te->think_end() >= 0 && text.size() >= open.size() &&
+                            text.compare(text.size() - open.size(), open.size(), open) == 0;
+                ids = tok_pool->encode(text);
+            } else if (r.prompt_is_ids) {
+                for (int32_t id : r.prompt_ids)
+                    if (id >= te->eng().n_valid_tokens())
+                        throw api_error(400, strprintf("token id %d is outside the vocabulary", id), "prompt");
+                ids = r.prompt_ids;
+            } else {
+                ids = tok_pool->encode(r.prompt_text);
+            }
+        } catch (const error& e) {
+            std::string msg = e.what();
+            if (msg.rfind("chat template: ", 0) == 0) msg.erase(0, 15);
+            throw api_error(400, msg, r.chat ? "messages" : "prompt");
+        }
+        if (ids.empty()) throw api_error(400, "the prompt is empty", r.chat ? "messages" : "prompt");
+        return ids;
+    }
+
+    std::unique_ptr<token_constraint> make_constraint(const completion_request& r, bool thinking, int64_t max_tokens) {
+        if (!r.chat) return nullptr;
+        const int64_t reserve = std::clamp<int64_t>(max_tokens / 3, 8, 1024);
+        if (r.tool_choice == tool_choice_mode::required || r.tool_choice == tool_choice_mode::named) {
+            std::vector<std::string> alts;
+            for (const ojson& t : r.tools) {
+                const std::string name = t["function"]["name"].get<std::string>();
+                if (r.tool_choice == tool_choice_mode::named && name != r.tool_name) continue;
+                const std::string p = "<tool_call>\n<function=" + name + ">\n";
+                for (const char* lead : {"", "\n", "\n\n"}) alts.push_back(lead + p);
+            }
+            return std::make_unique<prefix_constraint>(tokens, thinking, reserve, std::move(alts));
+        }
+        if (r.json_mode) return std::make_unique<json_object_constraint>(tokens, thinking, reserve);
+        return nullptr;
+    }
+
+    void handle_completion(const http_request& req, http_response& res, bool chat) {
+        const char* endpoint = chat ? "chat" : "completions";
+        auto j = std::make_shared<job>();
+        j->t0 = clock_t_::now();
+        j->endpoint = endpoint;
+        j->chat = chat;
+        try {
+            check_auth(req);
+            if (stopping) throw api_error(503, "the server is shutting down", "", "shutting_down");
+            if (!ready) throw api_error(503, "the model is still loading; retry shortly", "", "model_loading");
+            completion_request r = chat ? parse_chat_request(req.body, defaults) : parse_completion_request(req.body, defaults);
+            bool thinking = false;
+            std::vector<int32_t> ids = build_prompt(r, &thinking);
+            const int64_t P = (int64_t)ids.size();
+            if (P >= ctx || (r.max_tokens > 0 && P + r.max_tokens > ctx))
+                throw api_error(400,
+                                strprintf("This model's maximum context length is %lld tokens. However, you requested "
+                                          "%lld tokens (%lld in the %s, %lld in the completion). Please reduce the "
+                                          "length of the %s or completion.",
+                                          (long long)ctx, (long long)(P + std::max<int64_t>(r.max_tokens, 0)),
+                                          (long long)P, chat ? "messages" : "prompt",
+                                          (long long)std::max<int64_t>(r.max_tokens, 0), chat ? "messages" : "prompt"),
+                                chat ? "messages" : "prompt", "context_length_exceeded");
+            const int64_t max_tokens = r.max_tokens > 0 ? r.max_tokens : ctx - P;
+
+            j->meta = response_meta{new_id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), opt.model_name};
+            j->stream = r.stream;
+            j->include_usage = r.stream && r.include_usage;
+            j->logprobs = r.logprobs;
+            j->prompt_tokens = P;
+            j->client_closed = req.client_closed;
+            text_options to;
+            to.chat = chat;
+            to.thinking = thinking;
+            to.tools = chat && r.tool_choice != tool_choice_mode::none && r.tools.is_array();
+            to.tool_schemas = r.tools;
+            to.stop = r.stop;
+            j->text = std::make_unique<completion_text>(te->tok(), te->eos(), te->think_end(), to);
+
+            sequence_request sr;
+            sr.prompt = std::move(ids);
+            sr.max_tokens = max_tokens;
+            sr.sampling = r.sampling;
+            sr.penalties = r.penalties;
+            sr.stop_ids = te->eos();
+            sr.logprobs = r.logprobs;
+            sr.constraint = make_constraint(r, thinking, max_tokens);
+            sr.sink = j->ch;
+            j->seq_id = next_seq++;
+            switch (sched->submit(j->seq_id, std::move(sr))) {
+                case scheduler::submit_status::ok: break;
+                case scheduler::submit_status::queue_full:
+                    metrics.rejected("queue_full");
+                    throw api_error(429, "the server is busy (request queue full); retry shortly", "", "rate_limit_exceeded");
+                case scheduler::submit_status::shutting_down:
+                    metrics.rejected("shutting_down");
+                    throw api_error(503, "the server is shutting down", "", "shutting_down");
+                case scheduler::submit_status::too_large:
+                    metrics.rejected("too_large");
+                    throw api_error(400, "this request needs more sequence memory than the server's budget "
+                                         "(--state-memory); lower max_tokens", "max_tokens", "context_length_exceeded");
+            }
+        } catch (const api_error& e) {
+            return reply_error(res, e, endpoint);
+        } catch (const error& e) {
+            return reply_error(res, api_error(400, e.what()), endpoint);
+        } catch (const std::exception& e) {
+            return reply_error(res, api_error(500, std::string("internal error: ") + e.what()), endpoint);
+        }
+        if (!j->stream) return finish_blocking(j, res);
+        res.content_type = "text/event-stream";
+        res.headers.emplace_back("Cache-Control", "no-cache");
+        res.headers.emplace_back("X-Accel-Buffering", "no");
+        res.stream = [this, j](const http_write_fn& write) {
+            try {
+                run_stream(j, write);
+            } catch (const std::exception& e) {
+                sched->cancel(j->seq_id);
+                log_line(strprintf("%s stream failed: %s", j->meta.id.c_str(), e.what()));
+            }
+        };
+    }
+
+    // Moves the sequence's events through its text pipeline, calling `emit(delta, final)` for text that became
+    // visible; returns false when the client went away (the sequence is then cancelled).
+    template <class F>
+    bool pump(job& j, F&& emit) {
+        auto last_check = clock_t_::now();
+        for (;;) {
+            result_channel::batch b;
+            const bool got = j.ch->wait(b, k_poll);
+            const auto now = clock_t_::now();
+            if (!got || now - last_check >= k_poll) {
+                last_check = now;
+                if (j.client_closed && j.client_closed()) {
+                    sched->cancel(j.seq_id);
+                    metrics.disconnect();
+                    return false;
+                }
+            }
+            text_delta d;
+            for (const token_event& e : b.tokens) {
+                if (!j.got_first) {
+                    j.got_first = true;
+                    j.t_first = e.t;
+                    metrics.ttft(secs(j.t0, e.t));
+                } else {
+                    metrics.inter_token(secs(j.t_prev, e.t));
+                }
+                j.t_prev = e.t;
+                j.text->push(e, d);
+                if (j.text->stop_matched() && !j.cancel_sent) {
+                    sched->cancel(j.seq_id);  // the rest would be cut anyway
+                    j.cancel_sent = true;
+                }
+            }
+            if (b.finish) {
+                j.fin = *b.finish;
+                j.text->finish(d);
+                return emit(d, true);
+            }
+            if (!d.empty() && !emit(d, false)) {
+                sched->cancel(j.seq_id);
+                metrics.disconnect();
+                return false;
+            }
+        }
+    }
+
+    // "stop" / "length" / "tool_calls", or "" with *err set when the sequence failed or was cut by shutdown.
+    std::string finish_reason_of(const job& j, api_error* err) const {
+        std::string fr;
+        if (j.text->stop_matched()) {
+            fr = "stop";
+        } else {
+            switch (j.fin.reason) {
+                case finish_reason::stop:
+                case finish_reason::cancelled: fr = "stop"; break;
+                case finish_reason::length: fr = "length"; break;
+                case finish_reason::shutdown:
+                    *err = api_error(503, "the server shut down before the completion finished", "", "shutting_down");
+                    return "";
+                case finish_reason::error:
+                    *err = api_error(500, "generation failed: " + j.fin.error);
+                    return "";
+            }
+        }
+        if (fr == "stop" && j.chat && !j.text->parser().tool_calls().empty()) fr = "tool_calls";
+        return fr;
+    }
+
+    ojson usage_of(const job& j) const {
+        return usage_json(j.prompt_tokens, j.text->completion_tokens(), j.text->reasoning_tokens());
+    }
+
+    void log_done(const job& j, int status, const std::string& finish) {
+        const double total = secs(j.t0, clock_t_::now());
+        const int64_t n = j.text->completion_tokens();
+        const double gen_s = j.got_first ? secs(j.t_first, j.t_prev) : 0.0;
+        metrics.request_done(j.endpoint, status);
+        metrics.tokens(j.prompt_tokens, n);
+        metrics.request_latency(total);
+        log_line(strprintf("%s %d %s%s prompt=%lld gen=%lld (reasoning %lld) ttft=%.3fs %.1f tok/s total=%.3fs finish=%s",
+                           j.meta.id.c_str(), status, j.endpoint, j.stream ? " stream" : "", (long long)j.prompt_tokens,
+                           (long long)n, (long long)j.text->reasoning_tokens(), j.got_first ? secs(j.t0, j.t_first) : 0.0,
+                           n > 1 && gen_s > 0 ? (double)(n - 1) / gen_s : 0.0, total, finish.c_str()));
+    }
+
+    void finish_blocking(const std::shared_ptr<job>& jp, http_response& res) {
+        job& j = *jp;
+        std::string text;
+        const bool alive = pump(j, [&](text_delta& d, bool) {
+            if (j.logprobs >= 0) j.lp_tokens.insert(j.lp_tokens.end(), d.logprobs.begin(), d.logprobs.end());
+            text += d.text;
+            return true;
+        });
+        if (!alive) {  // nobody to answer; the status only shows in the log and metrics
+            res.status = 499;
+            log_done(j, 499, "client disconnected");
+            return;
+        }
+        api_error err(500, "");
+        const std::string fr = finish_reason_of(j, &err);
+        if (fr.empty()) {
+            reply_error(res, err, j.endpoint, j.meta.id);
+            return;
+        }
+        ojson lp = nullptr;
+        if (j.logprobs >= 0)
+            lp = j.chat ? chat_logprobs(te->tok(), j.lp_tokens) : completion_logprobs(te->tok(), j.lp_tokens, 0);
+        if (j.chat) {
+            res.body = dump(chat_response(j.meta, j.text->parser(), j.call_ids, fr, usage_of(j), lp));
+        } else {
+            res.body = dump(completion_response(j.meta, text, fr, usage_of(j), lp));
+        }
+        log_done(j, 200, fr);
+    }
+
+    void run_stream(const std::shared_ptr<job>& jp, const http_write_fn& write) {
+        job& j = *jp;
+        if (j.chat && !write(sse(chat_chunk(j.meta, {{"role", "assistant"}, {"content", ""}}, "", nullptr, j.include_usage)))) {
+            sched->cancel(j.seq_id);
+            metrics.disconnect();
+            log_done(j, 499, "client disconnected");
+            return;
+        }
+        auto send_delta = [&](const text_delta& d) {
+            ojson lp = nullptr;
+            if (j.logprobs >= 0 && !d.logprobs.empty()) {
+                lp = j.chat ? chat_logprobs(te->tok(), d.logprobs) : completion_logprobs(te->tok(), d.logprobs, j.text_offset);
+            }
+            if (j.chat) {
+                const ojson delta = chat_delta(d.parsed, j.call_ids);
+                if (delta.empty() && lp.is_null()) return true;
+                return write(sse(chat_chunk(j.meta, delta, "", lp, j.include_usage)));
+            }
+            j.text_offset += (int64_t)d.text.size();
+            if (d.text.empty() && lp.is_null()) return true;
+            return write(sse(completion_chunk(j.meta, d.text, "", lp, j.include_usage)));
+        };
+        bool final_ok = true;
+        const bool alive = pump(j, [&](text_delta& d, bool final) {
+            if (!send_delta(d)) return final_ok = false;
+            return true;
+        });
+        if (!alive || !final_ok) {
+            log_done(j, 499, "client disconnected");
+            return;
+        }
+        api_error err(500, "");
+        const std::string fr = finish_reason_of(j, &err);
+        if (fr.empty()) {
+            // the status line is long gone: the error travels as an event, as OpenAI's API does
+            write("data: " + error_body(err) + "\n\n");
+            write("data: [DONE]\n\n");
+            log_done(j, err.status, err.what());
+            return;
+        }
+        if (j.chat) {
+            write(sse(chat_chunk(j.meta, ojson::object(), fr, nullptr, j.include_usage)));
+        } else {
+            write(sse(completion_chunk(j.meta, "", fr, nullptr, j.include_usage)));
+        }
+        if (j.include_usage) write(sse(usage_chunk(j.meta, j.chat, usage_of(j))));
+        write("data: [DONE]\n\n");
+        log_done(j, 200, fr);
+    }
+};
+
+server::server(serve_options opt) : s_(std::make_unique<state>(std::move(opt))) {}
+
+server::~server() {
+    request_stop();
+    if (s_->http_thread.joinable()) {
+        s_->http.stop();
+        s_->http_thread.join();
+    }
+    if (s_->sched) s_->sched->shutdown(std::chrono::milliseconds(0));
+}
+
+void server::start() {
+    state& s = *s_;
+    if (s.opt.model_name.empty()) {
+        std::string dir = s.opt.engine.model_dir.empty() ? default_model_dir() : s.opt.engine.model_dir;
+        while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+        s.opt.model_name = std::filesystem::path(dir).filename().string();
+        if (s.opt.model_name.empty()) s.opt.model_name = "tansy";
+    }
+    s.install_routes();
+    s.http.bind();
+    s.http_thread = std::thread([&s] { s.http.run(); });
+}
+
+int server::port() const { return s_->http.port(); }
+
+void server::load() {
+    state& s = *s_;
+    const std::string dir = s.opt.engine.model_dir.empty() ? default_model_dir() : s.opt.engine.model_dir;
+    {
+        load_progress bar(dir, s.opt.progress);
+        // Tests only: the tiny model loads in milliseconds; this makes the "loading" state observable.
+        if (const char* d = std::getenv("TANSY_TEST_LOAD_DELAY_MS"))
+            std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
+        s.te = std::make_unique<text_engine>(s.opt.engine);
+        bar.done();
+    }
+    const model_config& c = s.te->eng().cfg();
+    const int64_t model_max = c.max_positions > 0 ? c.max_positions : 32768;
+    s.ctx = s.opt.ctx_size > 0 ? std::min(s.opt.ctx_size, model_max) : std::min<int64_t>(model_max, 32768);
+    s.defaults = load_sampling_defaults(s.te->model_dir());
+    s.tokens = token_table::build(s.te->tok(), s.te->eng().n_valid_tokens(), s.te->eos(), s.te->think_end());
+    s.tok_pool = std::make_unique<tokenize_pool>(s.te->tok(), 2);
+    // One capacity for every sequence: the CUDA backend batches only equal capacities (and preallocates
+    // them, which the state budget accounts for); the CPU backend grows KV caches on demand.
+    s.opt.sched.seq_capacity = s.ctx;
+    s.sched = std::make_unique<scheduler>(s.te->eng(), s.opt.sched);
+    s.ready = true;
+    fprintf(stderr, "tansy serve: ready: model '%s' (%s backend), context %lld, batch %d, queue %d, state budget %.0f MiB\n",
+            s.opt.model_name.c_str(), s.opt.engine.backend.c_str(), (long long)s.ctx, s.opt.sched.max_batch,
+            s.opt.sched.max_queue, (double)s.opt.sched.state_budget / (1 << 20));
+}
+
+void server::request_stop() {
+    {
+        std::lock_guard<std::mutex> lk(s_->stop_mu);
+        s_->stop_requested = true;
+    }
+    s_->stop_cv.notify_all();
+}
+
+void server::wait() {
+    state& s = *s_;
+    {
+        std::unique_lock<std::mutex> lk(s.stop_mu);
+        s.stop_cv.wait(lk, [&] { return s.stop_requested; });
+    }
+    s.stopping = true;
+    const auto t0 = clock_t_::now();
+    int active = 0, queued = 0;
+    if (s.sched) {
+        const scheduler_stats st = s.sched->stats();
+        active = st.active, queued = st.queued;
+    }
+    fprintf(stderr, "tansy serve: shutting down (%d running, %d queued; up to %.1f s to finish)\n", active, queued,
+            s.opt.shutdown_grace_ms / 1000.0);
+    s.http.stop();  // no new connections; the workers finish their requests
+    if (s.sched) s.sched->shutdown(std::chrono::milliseconds(s.opt.shutdown_grace_ms));
+    if (s.http_thread.joinable()) s.http_thread.join();
+    fprintf(stderr, "tansy serve: stopped after %.2f s\n", secs(t0, clock_t_::now()));
+}
+
+}  // namespace tansy

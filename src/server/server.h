@@ -1,0 +1,53 @@
+// `tansy serve`: the OpenAI-compatible server. Owns the HTTP server, the text engine and the scheduler, and
+// the handlers that join them:
+//   POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/NAME]   GET /health   GET /metrics
+// The HTTP side listens before the model is loaded (/health answers 503 "loading" meanwhile). Each request is
+// parsed and tokenised on its HTTP worker, submitted to the scheduler, and its tokens are turned into text,
+// reasoning and tool calls on that worker as they come (server/text_stream.h).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "runtime/engine.h"
+#include "runtime/scheduler.h"
+#include "server/http.h"
+
+namespace tansy {
+
+struct serve_options {
+    engine_options engine;
+    http_options http;
+    scheduler_options sched;
+    std::string api_key;     // empty: no authentication
+    std::string model_name;  // empty: the model directory's name
+    int64_t ctx_size = 0;    // tokens per sequence (prompt + completion); 0: min(model maximum, 32768)
+    int shutdown_grace_ms = 10000;  // in-flight requests may finish this long after SIGINT/SIGTERM
+    bool progress = true;    // progress bar on stderr while loading
+    bool log_requests = true;
+};
+
+class server {
+  public:
+    explicit server(serve_options opt);
+    ~server();
+    server(const server&) = delete;
+    server& operator=(const server&) = delete;
+
+    // Binds and starts serving on a background thread (requests get 503 "loading" until load() is done).
+    // Throws tansy::error when the address cannot be bound.
+    void start();
+    int port() const;
+    // Loads the model (on the calling thread) and starts the scheduler. Throws tansy::error.
+    void load();
+    // Asks the server to stop; safe to call from any thread, any number of times.
+    void request_stop();
+    // Blocks until request_stop(), then stops accepting, lets in-flight requests finish within the grace
+    // period (cancelling the rest), and returns when every connection is done.
+    void wait();
+
+  private:
+    struct state;
+    std::unique_ptr<state> s_;
+};
+
+}  // namespace tansy

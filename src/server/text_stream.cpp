@@ -1,0 +1,94 @@
+#include "server/text_stream.h"
+
+#include <algorithm>
+
+namespace tansy {
+
+stop_matcher::stop_matcher(std::vector<std::string> stops) {
+    for (std::string& s : stops)
+        if (!s.empty()) stops_.push_back(std::move(s));
+}
+
+std::string stop_matcher::push(std::string_view text) {
+    if (matched_) return "";
+    held_ += text;
+    size_t first = std::string::npos;
+    for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+    if (first != std::string::npos) {
+        matched_ = true;
+        std::string out = held_.substr(0, first);
+        held_.clear();
+        return out;
+    }
+    // hold back the longest tail that is the start of a stop string
+    size_t hold = 0;
+    for (const std::string& s : stops_)
+        for (size_t k = std::min(held_.size(), s.size() - 1); k > hold; k--)
+            if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+                hold = k;
+                break;
+            }
+    std::string out = held_.substr(0, held_.size() - hold);
+    held_.erase(0, held_.size() - hold);
+    return out;
+}
+
+std::string stop_matcher::flush() {
+    std::string out;
+    if (!matched_) out.swap(held_);
+    held_.clear();
+    return out;
+}
+
+// Adds a parser step to what a delta already holds (pieces of the same call are merged).
+static void append(parsed_delta& to, parsed_delta d) {
+    to.reasoning += d.reasoning;
+    to.content += d.content;
+    for (tool_call_delta& t : d.tool_calls) {
+        if (!to.tool_calls.empty() && to.tool_calls.back().index == t.index && t.name.empty())
+            to.tool_calls.back().arguments += t.arguments;
+        else
+            to.tool_calls.push_back(std::move(t));
+    }
+}
+
+completion_text::completion_text(const tokenizer& tok, std::vector<int32_t> eos, int32_t think_end, text_options opt)
+    : tok_(tok),
+      eos_(std::move(eos)),
+      think_end_(think_end),
+      opt_(std::move(opt)),
+      dec_(tok, /*skip_special=*/true),
+      stop_(opt_.stop),
+      parser_(output_parser_options{opt_.thinking, opt_.tools, opt_.tool_schemas}),
+      in_reasoning_(opt_.chat && opt_.thinking) {}
+
+void completion_text::emit(const std::string& s, text_delta& out) {
+    if (s.empty()) return;
+    if (!opt_.chat) {
+        text_ += s;
+        out.text += s;
+        return;
+    }
+    append(out.parsed, parser_.push(s));
+}
+
+void completion_text::push(const token_event& e, text_delta& out) {
+    if (stop_.matched()) return;
+    n_tokens_++;
+    if (in_reasoning_) {
+        n_reasoning_++;
+        if (e.id == think_end_) in_reasoning_ = false;
+    }
+    if (std::find(eos_.begin(), eos_.end(), e.id) != eos_.end()) return;  // the end of the turn is not text
+    out.logprobs.push_back(e);
+    emit(stop_.push(dec_.push(e.id)), out);
+}
+
+void completion_text::finish(text_delta& out) {
+    if (!stop_.matched()) emit(stop_.push(dec_.flush()), out);
+    emit(stop_.flush(), out);
+    if (!opt_.chat) return;
+    append(out.parsed, parser_.finish());
+}
+
+}  // namespace tansy

@@ -1,0 +1,72 @@
+// What the HTTP worker does with a sequence's tokens: detokenise (stream_decoder), cut at stop strings (held
+// back while they may still match, never emitted), and for chat split into reasoning / content / tool calls
+// (output_parser). Also counts tokens the way usage reports them.
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/output_parser.h"
+#include "runtime/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tansy {
+
+// Cuts text at the first occurrence of any stop string, across pushes.
+class stop_matcher {
+  public:
+    explicit stop_matcher(std::vector<std::string> stops);
+    std::string push(std::string_view text);  // the text that can be shown now
+    std::string flush();                      // at the end: what was held back (nothing after a match)
+    bool matched() const { return matched_; }
+
+  private:
+    std::vector<std::string> stops_;
+    std::string held_;
+    bool matched_ = false;
+};
+
+struct text_options {
+    bool chat = true;       // parse reasoning / tool calls (false: plain text, /v1/completions)
+    bool thinking = false;  // the output starts inside <think>
+    bool tools = false;     // parse tool calls
+    nlohmann::ordered_json tool_schemas;
+    std::vector<std::string> stop;
+};
+
+struct text_delta {
+    parsed_delta parsed;                  // chat
+    std::string text;                     // plain (completions)
+    std::vector<token_event> logprobs;    // tokens that became part of the output in this delta
+    bool empty() const { return parsed.empty() && text.empty() && logprobs.empty(); }
+};
+
+class completion_text {
+  public:
+    completion_text(const tokenizer& tok, std::vector<int32_t> eos, int32_t think_end, text_options opt);
+
+    void push(const token_event& e, text_delta& out);  // ignores tokens after a stop string matched
+    void finish(text_delta& out);
+
+    bool stop_matched() const { return stop_.matched(); }
+    int64_t completion_tokens() const { return n_tokens_; }
+    int64_t reasoning_tokens() const { return n_reasoning_; }
+    const output_parser& parser() const { return parser_; }
+    const std::string& text() const { return text_; }  // plain mode: everything emitted
+
+  private:
+    void emit(const std::string& s, text_delta& out);
+
+    const tokenizer& tok_;
+    std::vector<int32_t> eos_;
+    int32_t think_end_;
+    text_options opt_;
+    stream_decoder dec_;
+    stop_matcher stop_;
+    output_parser parser_;
+    std::string text_;
+    bool in_reasoning_;
+    int64_t n_tokens_ = 0, n_reasoning_ = 0;
+};
+
+}  // namespace tansy

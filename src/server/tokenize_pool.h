@@ -1,0 +1,34 @@
+// Tokenises on a few dedicated threads instead of on every HTTP worker: the tokenizer keeps a per-thread
+// pre-token cache (~6 MB, tokenizer.h), so encoding on each of 64+ workers would cost hundreds of MB that
+// stay resident as long as the workers live. Callers block until their text is encoded.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace tansy {
+
+class tokenize_pool {
+  public:
+    tokenize_pool(const tokenizer& tok, int threads);
+    ~tokenize_pool();
+    // tokenizer::encode on a pool thread; rethrows its errors (tansy::error for invalid UTF-8).
+    std::vector<int32_t> encode(const std::string& text);
+
+  private:
+    const tokenizer& tok_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> jobs_;
+    bool stop_ = false;
+    std::vector<std::thread> threads_;
+};
+
+}  // namespace tansy
