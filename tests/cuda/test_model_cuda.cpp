@@ -51,26 +51,10 @@ agreement_report compare(const std::vector<float>& ref, const std::vector<float>
     return r;
 }
 
-engine& gpu_engine(const std::string& dir) {
-    static std::map<std::string, std::unique_ptr<engine>> engines;
-    auto& e = engines[dir];
-    if (!e) {
-        engine_options o;
-        o.model_dir = dir;
-        o.backend = "cuda";
-        e = std::make_unique<engine>(o);
-    }
-    return *e;
-}
+engine& gpu_engine(const std::string& dir) { return test::shared_engine(dir, "cuda"); }
 
 std::vector<float> decode_path_logits(engine& e, const std::vector<int32_t>& ids) {
-    auto st = e.new_sequence((int64_t)ids.size());
-    std::vector<float> out;
-    for (int32_t id : ids) {
-        auto lg = e.step(*st, {id}, logits_rows::all);
-        out.insert(out.end(), lg.begin(), lg.end());
-    }
-    return out;
+    return test::prefill_then_decode(e, ids, 0);
 }
 
 // gold: golden teacher NLL to compare with (tiny-qwen35moe* only; tiny-gqa has random weights and none).

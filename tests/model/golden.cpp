@@ -31,18 +31,31 @@ std::vector<int64_t> golden::shape(const std::string& key) const {
     return t ? t->shape : std::vector<int64_t>{};
 }
 
-engine& cpu_engine(const std::string& model_dir) {
+engine& shared_engine(const std::string& model_dir, const std::string& backend) {
     static std::mutex mu;
-    static std::map<std::string, std::unique_ptr<engine>> engines;
+    static std::map<std::pair<std::string, std::string>, std::unique_ptr<engine>> engines;
     std::lock_guard<std::mutex> lk(mu);
-    auto& e = engines[model_dir];
+    auto& e = engines[{model_dir, backend}];
     if (!e) {
         engine_options o;
         o.model_dir = model_dir;
-        o.backend = "cpu";
+        o.backend = backend;
         e = std::make_unique<engine>(o);
     }
     return *e;
+}
+
+engine& cpu_engine(const std::string& model_dir) { return shared_engine(model_dir, "cpu"); }
+
+std::vector<float> prefill_then_decode(engine& e, const std::vector<int32_t>& ids, size_t split) {
+    auto st = e.new_sequence((int64_t)ids.size());
+    std::vector<float> out;
+    if (split > 0) out = e.step(*st, std::vector<int32_t>(ids.begin(), ids.begin() + (ptrdiff_t)split), logits_rows::all);
+    for (size_t i = split; i < ids.size(); i++) {
+        auto lg = e.step(*st, {ids[i]}, logits_rows::all);
+        out.insert(out.end(), lg.begin(), lg.end());
+    }
+    return out;
 }
 
 }  // namespace tansy::test

@@ -22,7 +22,12 @@ class golden {
     st_file f_;
 };
 
-// One engine per model directory, shared by the tests of a process (loading is cheap, but not free).
+// One engine per (model directory, backend), shared by the tests of a process (loading is cheap, not free).
+engine& shared_engine(const std::string& model_dir, const std::string& backend);
 engine& cpu_engine(const std::string& model_dir);
+
+// Logits of every position of `ids`: a prefill of ids[0, split), then each further token as its own decode
+// step (split 0: all of them token by token).
+std::vector<float> prefill_then_decode(engine& e, const std::vector<int32_t>& ids, size_t split);
 
 }  // namespace tansy::test

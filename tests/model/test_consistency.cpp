@@ -20,18 +20,6 @@ constexpr double TOL_SPLIT_REL = 1e-5;
 // tiny-gqa's reference keeps a few fp32 islands; the issue bounds it at 2e-5 (an exact engine: ~5e-6).
 constexpr double TOL_GQA_LOGITS_REL = 2e-5;
 
-// Logits of `ids` computed as: prefill of ids[0, split), then each further token as its own decode step.
-std::vector<float> prefill_then_decode(engine& e, const std::vector<int32_t>& ids, size_t split) {
-    auto st = e.new_sequence((int64_t)ids.size());
-    std::vector<int32_t> head(ids.begin(), ids.begin() + (ptrdiff_t)split);
-    std::vector<float> out = e.step(*st, head, logits_rows::all);
-    for (size_t i = split; i < ids.size(); i++) {
-        auto lg = e.step(*st, {ids[i]}, logits_rows::all);
-        out.insert(out.end(), lg.begin(), lg.end());
-    }
-    return out;
-}
-
 std::string model_or_skip(const char* name) { return test::fixture(name); }
 
 }  // namespace
@@ -46,7 +34,7 @@ TEST(consistency, prefill_then_decode_equals_one_prefill) {
     auto st = e.new_sequence((int64_t)ids.size());
     auto full = e.step(*st, ids, logits_rows::all);
     for (size_t split : {1, 63, 64, 65, 130}) {
-        auto got = prefill_then_decode(e, ids, split);
+        auto got = test::prefill_then_decode(e, ids, split);
         EXPECT_LT(test::rel_error(got, full), TOL_SPLIT_REL) << "split at " << split;
     }
     // two prefills (the second continuing from the cached state) also equal one
@@ -212,7 +200,7 @@ TEST(synthetic, prefill_decode_and_batching_agree) {
     for (int i = 0; i < 77; i++) ids.push_back((i * 13 + 5) % 96);
     auto st = e.new_sequence(77);
     auto full = e.step(*st, ids, logits_rows::all);
-    EXPECT_LT(test::rel_error(prefill_then_decode(e, ids, 70), full), TOL_SPLIT_REL);
+    EXPECT_LT(test::rel_error(test::prefill_then_decode(e, ids, 70), full), TOL_SPLIT_REL);
 
     // Two sequences in one batch: rows of each span see only their own state.
     const int64_t V = e.cfg().vocab;
