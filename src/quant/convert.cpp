@@ -45,14 +45,14 @@ const void* as_bytes(std::vector<uint8_t>& scratch, const void* p, size_t n) {
 
 class mlx_writer {
   public:
-    mlx_writer(const model& m, const convert_options& o) : m_(m), o_(o) {}
+    mlx_writer(model& m, const convert_options& o) : m_(m), o_(o) {}
 
+    // Unquantised vectors first, then every linear module in linear_modules() order (quantize_model.h: the one
+    // list of MLX module paths, shared with quantise-at-load). Tensor order in a safetensors file is free.
     std::vector<out_tensor> plan() {
         const model_config& c = m_.cfg;
-        const model_weights& w = m_.w;
+        model_weights& w = m_.w;
         const std::string P = "language_model.model.";
-        quantized(P + "embed_tokens", {&w.embed});
-        if (!c.tie_embeddings) quantized("language_model.lm_head", {&w.lm_head});
         f32_vector(P + "norm.weight", w.final_norm, {c.hidden});
         for (size_t i = 0; i < w.layers.size(); i++) {
             const layer_weights& l = w.layers[i];
@@ -60,34 +60,18 @@ class mlx_writer {
             f32_vector(p + "input_layernorm.weight", l.input_norm, {c.hidden});
             f32_vector(p + "post_attention_layernorm.weight", l.post_norm, {c.hidden});
             if (l.kind == layer_kind::full_attention) {
-                quantized(p + "self_attn.q_proj", {&l.attn.q_proj});
-                quantized(p + "self_attn.k_proj", {&l.attn.k_proj});
-                quantized(p + "self_attn.v_proj", {&l.attn.v_proj});
-                quantized(p + "self_attn.o_proj", {&l.attn.o_proj});
                 f32_vector(p + "self_attn.q_norm.weight", l.attn.q_norm, {c.head_dim});
                 f32_vector(p + "self_attn.k_norm.weight", l.attn.k_norm, {c.head_dim});
             } else {
                 const std::string a = p + "linear_attn.";
-                quantized(a + "in_proj_qkv", {&l.gdn.in_qkv});
-                quantized(a + "in_proj_z", {&l.gdn.in_z});
-                quantized(a + "in_proj_b", {&l.gdn.in_b});
-                quantized(a + "in_proj_a", {&l.gdn.in_a});
-                quantized(a + "out_proj", {&l.gdn.out_proj});
                 small_vector(a + "conv1d.weight", l.gdn.conv, {c.lin_conv_dim(), c.conv_kernel, 1});  // MLX [C,K,1]
                 small_vector(a + "dt_bias", l.gdn.dt_bias, {c.lin_v_heads});
                 f32_vector(a + "A_log", l.gdn.A_log, {c.lin_v_heads});  // mlx keeps A_log in fp32
                 small_vector(a + "norm.weight", l.gdn.norm, {c.lin_v_dim});
             }
-            const std::string mm = p + "mlp.";
-            quantized(mm + "gate", {&l.moe.router});
-            quantized(mm + "shared_expert_gate", {&l.moe.shared_expert_gate});
-            quantized(mm + "shared_expert.gate_proj", {&l.moe.shared_gate});
-            quantized(mm + "shared_expert.up_proj", {&l.moe.shared_up});
-            quantized(mm + "shared_expert.down_proj", {&l.moe.shared_down});
-            quantized(mm + "switch_mlp.gate_proj", ptrs(l.moe.gate));
-            quantized(mm + "switch_mlp.up_proj", ptrs(l.moe.up));
-            quantized(mm + "switch_mlp.down_proj", ptrs(l.moe.down));
         }
+        for (const linear_module& lm : linear_modules(w, c))
+            quantized(lm.path, std::vector<const matrix*>(lm.parts.begin(), lm.parts.end()));
         return std::move(out_);
     }
 
@@ -96,18 +80,13 @@ class mlx_writer {
     int64_t params() const { return params_; }
 
   private:
-    const model& m_;
+    model& m_;  // non-const only because linear_modules() hands out mutable views; the writer only reads
     const convert_options& o_;
     std::vector<out_tensor> out_;
     std::vector<std::pair<std::string, int>> overridden_;
     int64_t params_ = 0;
     std::vector<std::unique_ptr<quant_module>> modules_;
 
-    static std::vector<const matrix*> ptrs(const std::vector<matrix>& v) {
-        std::vector<const matrix*> p;
-        for (const matrix& m : v) p.push_back(&m);
-        return p;
-    }
 
     void add(const std::string& name, dtype t, std::vector<int64_t> shape,
              std::function<const void*(std::vector<uint8_t>&)> f, std::function<void()> after = {}) {
