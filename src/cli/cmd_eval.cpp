@@ -178,8 +178,8 @@ int cmd_eval(int argc, char** argv) {
         "eval",
         "(--ids-file F | --text-file F) [--compare-model DIR] [--compare-backend B] [--compare-weights W]\n"
         "                  [--reference REF.safetensors --reference-key KEY ...] [--lily | --positions N] [options]",
-        "Teacher-forced evaluation: one prefill over the ids, then the mean negative log-likelihood of each next\n"
-        "token and the perplexity.\n\n"
+        "Teacher-forced evaluation: one prefill over the ids (in chunks of --prefill-chunk tokens, every chunk's\n"
+        "logits kept), then the mean negative log-likelihood of each next token and the perplexity.\n\n"
         "Consistency report: run A is --model/--backend/--weights; any --compare-* option adds run B, which takes\n"
         "A's settings except those given. For A against B (and each reference logits tensor against each run):\n"
         "Δperplexity %, top-1 agreement, and the mean, p99 and max of KL(reference || candidate) per position.\n"

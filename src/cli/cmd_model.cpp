@@ -25,6 +25,7 @@ void add_engine_options(arg_parser& p) {
         .option("--weights", "W",
                 "auto (default: the checkpoint's format), q4 (quantise a bf16 checkpoint at load, as tansy convert "
                 "does) or bf16")
+        .option("--prefill-chunk", "N", "prompt tokens per forward step (default 4096): bounds the activation memory")
         .option("--verbose", "", "log loading details", "-v");
 }
 
@@ -35,6 +36,10 @@ engine_options engine_options_from(const arg_parser& p) {
     o.threads = (int)p.integer("--threads", 0);
     if (o.threads < 0) fail("--threads must be >= 0");
     o.weights = p.str("--weights", "auto");
+    if (p.has("--prefill-chunk")) {
+        o.prefill_chunk = p.integer("--prefill-chunk", 0);
+        if (o.prefill_chunk < 1) fail("--prefill-chunk must be >= 1 token");
+    }
     if (p.has("--verbose")) set_log_level(log_level::debug);
     return o;
 }

@@ -1,5 +1,7 @@
 #include "model/forward.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace tansy {
@@ -16,7 +18,6 @@ void forward_pass::reserve(int64_t T, int64_t n_logit_rows) {
     if (T > cap_) {
         cap_ = T;
         epoch_++;
-        ids_ = be_.alloc(T, 1, dtype::i32);
         x_ = be_.alloc(T, c.hidden, at);
         a_ = be_.alloc(T, c.hidden, at);
         if (c.n_full_attention() > 0) {
@@ -103,14 +104,40 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
     return logits;
 }
 
+tensor forward_pass::prefill(const tensor& ids, seq_state& st, logits_rows which, const chunk_fn& on_chunk) {
+    TANSY_CHECK(prefill_chunk >= 1, "prefill_chunk %lld", (long long)prefill_chunk);
+    TANSY_CHECK(which != logits_rows::all || on_chunk, "prefill with logits_rows::all needs on_chunk");
+    const int64_t T = ids.rows;
+    TANSY_CHECK(T > 0, "empty prompt");
+    // checked here as well as in run(): a prompt that does not fit must fail before its first chunk changes st
+    if (st.n_past() + T > st.capacity())
+        fail("sequence of %lld tokens exceeds the context capacity of %lld", (long long)(st.n_past() + T),
+             (long long)st.capacity());
+    tensor logits;
+    for (int64_t r0 = 0; r0 < T; r0 += prefill_chunk) {
+        const int64_t n = std::min(prefill_chunk, T - r0);
+        const bool final_chunk = r0 + n == T;
+        const logits_rows w = final_chunk || which == logits_rows::all ? which : logits_rows::none;
+        logits = run(ids.rows_view(r0, n), {seq_span{&st, 0, n, st.n_past()}}, w);
+        if (which == logits_rows::all) on_chunk(logits, r0);
+    }
+    return logits;
+}
+
 std::vector<float> forward_pass::run_host(const std::vector<int32_t>& ids, seq_state& st, logits_rows which) {
     const int64_t T = (int64_t)ids.size();
-    reserve(T, 0);
-    const tensor idt = ids_.t().rows_view(0, T);
+    TANSY_CHECK(T > 0, "empty batch");
+    if (!host_ids_ || host_ids_.t().rows < T) host_ids_ = be_.alloc(T, 1, dtype::i32);
+    const tensor idt = host_ids_.t().rows_view(0, T);
     be_.upload(idt, ids.data());
-    tensor lg = run(idt, {seq_span{&st, 0, T, st.n_past()}}, which);
-    std::vector<float> out((size_t)lg.numel());
-    if (lg.numel()) be_.download(out.data(), lg);
+    std::vector<float> out;
+    auto take = [&](const tensor& lg, int64_t) {
+        const size_t at = out.size();
+        out.resize(at + (size_t)lg.numel());
+        if (lg.numel()) be_.download(out.data() + at, lg);
+    };
+    const tensor lg = prefill(idt, st, which, take);
+    if (which != logits_rows::all) take(lg, 0);
     return out;
 }
 

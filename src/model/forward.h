@@ -30,17 +30,33 @@ class forward_pass {
     // tensor (backend memory, valid until the next run): [T, V] for all, [n_spans, V] for last.
     tensor run(const tensor& ids, const std::vector<seq_span>& spans, logits_rows which);
 
-    // Convenience for one sequence: host ids -> host logits (rows per `which`).
+    // Called by prefill() for logits_rows::all with each chunk's logits ([n, V], backend memory, valid until the
+    // next chunk) and the row of `ids` where the chunk starts.
+    using chunk_fn = std::function<void(const tensor& logits, int64_t row0)>;
+
+    // The prompt of one sequence (ids int32 [T, 1] in backend memory) in chunks of at most prefill_chunk rows,
+    // so that the activations (reserve) stay bounded whatever T is. Every chunk but the last runs with
+    // logits_rows::none; the last one with `which`, whose logits are returned ([1, V] for last). For all, every
+    // chunk computes its rows' logits and hands them to on_chunk; the returned tensor is then the final
+    // chunk's [n_last, V]. The result equals one run() over all T rows up to fp32 summation order.
+    tensor prefill(const tensor& ids, seq_state& st, logits_rows which, const chunk_fn& on_chunk = {});
+
+    // Convenience for one sequence: host ids -> host logits (rows per `which`), through prefill().
     std::vector<float> run_host(const std::vector<int32_t>& ids, seq_state& st, logits_rows which);
 
     gdn_mode gdn = gdn_mode::auto_select;
     tap_fn tap;
+    // Rows per forward step of prefill(): the activation workspace is sized by it (the GPU prefill kernels are
+    // sized for DEFAULT_PREFILL_CHUNK rows).
+    static constexpr int64_t DEFAULT_PREFILL_CHUNK = 4096;
+    int64_t prefill_chunk = DEFAULT_PREFILL_CHUNK;
 
     backend& be() { return be_; }
     // Grows each time run() reallocates its buffers (see backend::memory_epoch).
     uint64_t memory_epoch() const { return epoch_; }
     // Allocates buffers for batches of up to T rows (and n_logit_rows rows of logits) ahead of time.
     void reserve(int64_t T, int64_t n_logit_rows);
+    int64_t workspace_rows() const { return cap_; }  // batch rows the activation buffers hold now
     const model& mdl() const { return m_; }
 
   private:
@@ -49,7 +65,8 @@ class forward_pass {
     backend& be_;
     const model& m_;
     int64_t cap_ = 0, cap_logits_ = 0;
-    buffer ids_, x_, a_, qg_, k_, v_, attn_, qkv_, z_, b_, gate_a_, gdn_out_, sel_, logits_;
+    buffer host_ids_;  // int32 [prompt, 1]: run_host's whole prompt (not part of the step workspace)
+    buffer x_, a_, qg_, k_, v_, attn_, qkv_, z_, b_, gate_a_, gdn_out_, sel_, logits_;
     std::vector<int> slot_;  // per layer: index among layers of its kind (KV cache or recurrent state)
 };
 

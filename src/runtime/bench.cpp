@@ -93,4 +93,89 @@ bench_point bench_decode(engine& eng, int64_t B, int64_t ctx, const bench_option
     return r;
 }
 
+prefill_flop_count prefill_flop_parts(const model& m, int64_t n, int64_t n_past) {
+    const model_config& c = m.cfg;
+    const model_weights& w = m.w;
+    auto params = [](std::initializer_list<const matrix*> ms) {
+        double s = 0;
+        for (const matrix* x : ms) s += (double)x->rows * (double)x->cols;
+        return s;
+    };
+    prefill_flop_count f;
+    if (n <= 0) return f;
+    double per_token = 0;  // matrix weights one token multiplies by (lm_head apart)
+    for (const layer_weights& l : w.layers) {
+        if (l.kind == layer_kind::full_attention)
+            per_token += params({&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj});
+        else
+            per_token += params({&l.gdn.in_qkv, &l.gdn.in_z, &l.gdn.in_b, &l.gdn.in_a, &l.gdn.out_proj});
+        const moe_weights& mw = l.moe;
+        per_token += params({&mw.router, &mw.shared_expert_gate, &mw.shared_gate, &mw.shared_up, &mw.shared_down});
+        if (!mw.gate.empty()) per_token += (double)c.top_k * params({&mw.gate[0], &mw.up[0], &mw.down[0]});
+    }
+    const double T = (double)n;
+    f.matmul = 2.0 * per_token * T;
+    f.lm_head = 2.0 * (double)w.lm_head.rows * (double)w.lm_head.cols;
+    // causal (query, key) pairs: sum over p in [n_past, n_past + n) of (p + 1)
+    const double pairs = T * (double)n_past + T * (T + 1.0) / 2.0;
+    f.attention = (double)c.n_full_attention() * 2.0 * 2.0 * (double)(c.n_q_heads * c.head_dim) * pairs;
+    const double n_gdn = (double)(c.n_layers() - c.n_full_attention());
+    const double recurrence = 7.0 * (double)c.lin_v_heads * (double)c.lin_k_dim * (double)c.lin_v_dim;
+    const double conv = 2.0 * (double)c.conv_kernel * (double)c.lin_conv_dim();
+    f.deltanet = n_gdn * (recurrence + conv) * T;
+    return f;
+}
+
+double prefill_flops(const model& m, int64_t n_prompt, int64_t n_past) {
+    return prefill_flop_parts(m, n_prompt, n_past).total();
+}
+
+int prefill_runs(int64_t n, const bench_options& o) {
+    const int64_t fit = n > 0 ? o.prefill_run_tokens / n : o.runs;
+    return (int)std::max<int64_t>(1, std::min<int64_t>(o.runs, fit));
+}
+
+prefill_point bench_prefill(engine& eng, int64_t n, const bench_options& o) {
+    using clock = std::chrono::steady_clock;
+    TANSY_CHECK(n >= 1, "bench_prefill: prompt of %lld tokens", (long long)n);
+    backend& be = eng.be();
+    forward_pass& fw = eng.fwd();
+    prefill_point r;
+    r.prompt = n, r.chunk = fw.prefill_chunk, r.runs = prefill_runs(n, o);
+    size_t peak = be.device_memory_used();
+    auto see_memory = [&] { peak = std::max(peak, be.device_memory_used()); };
+    {
+        std::unique_ptr<seq_state> st = eng.new_sequence(n + 1);
+        buffer ids = be.alloc(n, 1, dtype::i32), tok = be.alloc(1, 1, dtype::i32);
+        std::vector<int32_t> prompt((size_t)n);
+        for (int64_t i = 0; i < n; i++) prompt[(size_t)i] = (int32_t)((i * 7919 + 17) % eng.n_valid_tokens());
+        be.upload(ids.t(), prompt.data());
+        see_memory();
+        auto one = [&] {
+            st->reset();
+            be.synchronize();
+            const auto t0 = clock::now();
+            be.argmax(tok.t(), fw.prefill(ids.t(), *st, logits_rows::last), eng.n_valid_tokens());
+            int32_t id = 0;
+            be.download(&id, tok.t());
+            be.synchronize();
+            const double s = std::chrono::duration<double>(clock::now() - t0).count();
+            see_memory();
+            return s;
+        };
+        one();  // warm-up: settles the workspace of a chunk and the backend's caches
+        std::vector<double> ttft;
+        for (int i = 0; i < r.runs; i++) ttft.push_back(one());
+        std::sort(ttft.begin(), ttft.end());
+        const size_t h = ttft.size() / 2;
+        r.ttft_s = ttft.size() % 2 ? ttft[h] : (ttft[h - 1] + ttft[h]) / 2;
+    }  // the state and the prompt are freed here
+    r.tok_s = (double)n / r.ttft_s;
+    r.flops = prefill_flops(eng.mdl(), n);
+    r.tflops = r.flops / r.ttft_s / 1e12;
+    r.peak_pct = 100.0 * r.tflops / o.peak_tflops;
+    r.peak_gib = (double)peak / (double)(1ull << 30);
+    return r;
+}
+
 }  // namespace tansy

@@ -20,13 +20,22 @@ std::string default_model_dir() {
     return TANSY_DEFAULT_MODEL_DIR;
 }
 
+// Option errors are reported before anything is loaded.
+static void check_options(const engine_options& opt) {
+    if (opt.prefill_chunk < 0)
+        fail("prefill chunk must be >= 1 token (0: the default of %lld), got %lld",
+             (long long)forward_pass::DEFAULT_PREFILL_CHUNK, (long long)opt.prefill_chunk);
+}
+
 engine::engine(const engine_options& opt) {
+    check_options(opt);
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
     model_ = std::make_unique<model>(load_model(opt.model_dir.empty() ? default_model_dir() : opt.model_dir));
     init(opt);
 }
 
 engine::engine(model&& m, const engine_options& opt) {
+    check_options(opt);
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
     model_ = std::make_unique<model>(std::move(m));
     init(opt);
@@ -37,6 +46,7 @@ void engine::init(const engine_options& opt) {
     backend_ = make_backend(opt.backend, model_->cfg, opt.backend_opt);
     backend_->bind(*model_);
     fwd_ = std::make_unique<forward_pass>(*backend_, *model_);
+    if (opt.prefill_chunk > 0) fwd_->prefill_chunk = opt.prefill_chunk;
     tok_ = backend_->alloc(1, 1, dtype::i32);
     n_valid_ = model_->cfg.vocab;
 }
@@ -94,7 +104,7 @@ generation_stats engine::generate(seq_state& st, const generation_request& req,
     if (!prompt_ids_ || prompt_ids_.t().rows < T) prompt_ids_ = be.alloc(T, 1, dtype::i32);
     const tensor pids = prompt_ids_.t().rows_view(0, T);
     be.upload(pids, req.prompt.data());
-    pick(fwd_->run(pids, {seq_span{&st, 0, T, st.n_past()}}, logits_rows::last));
+    pick(fwd_->prefill(pids, st, logits_rows::last));
     int32_t id = read_tok();
     gs.prefill_s = secs(t0);
     if (!emit(id)) return gs;

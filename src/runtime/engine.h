@@ -22,6 +22,9 @@ struct engine_options {
     // auto | checkpoint | q4 | bf16: q4 quantises dense matrices at load with tansy convert's quantiser and
     // policy; auto keeps the checkpoint's format (src/quant/quantize_model.h, prepare_weights).
     std::string weights = "auto";
+    // Prompt tokens per forward step (forward_pass::prefill): bounds the activation workspace of long prompts.
+    // 0: forward_pass::DEFAULT_PREFILL_CHUNK (4096).
+    int64_t prefill_chunk = 0;
 };
 
 // The bundled tiny chat model (models/tiny-chat-q4), or $TANSY_MODEL when set.
@@ -56,7 +59,8 @@ class engine {
     // Throws tansy::error if any id is outside the vocabulary.
     void check_ids(const std::vector<int32_t>& ids) const;
 
-    // Processes `ids` after what `st` holds; returns host logits per `which` ([n, V], [1, V] or empty).
+    // Processes `ids` after what `st` holds, in chunks of at most prefill_chunk tokens; returns host logits per
+    // `which` ([n, V], [1, V] or empty).
     std::vector<float> step(seq_state& st, const std::vector<int32_t>& ids, logits_rows which);
 
     // Prefill, then decode until max_tokens, a stop id, or on_token returning false. st must have room for

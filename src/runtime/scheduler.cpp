@@ -223,7 +223,7 @@ void scheduler::prefill(sequence& s) {
     if (ids_.t().rows < T) ids_ = be.alloc(std::max<int64_t>(T, opt_.max_batch), 1, dtype::i32);
     const tensor ids = ids_.t().rows_view(0, T);
     be.upload(ids, p.data());
-    const tensor logits = eng_.fwd().run(ids, {seq_span{s.st.get(), 0, T, s.st->n_past()}}, logits_rows::last);
+    const tensor logits = eng_.fwd().prefill(ids, *s.st, logits_rows::last);
     const tensor am = argmax_.t().rows_view(0, 1);
     be.argmax(am, logits, eng_.n_valid_tokens());
     int32_t dev = 0;

@@ -2,8 +2,8 @@
 // and its backend, which are single-threaded) loops:
 //   1. takes cancellations, frees their states at once;
 //   2. admits queued sequences (FIFO) while the batch is under max_batch and their state fits the memory
-//      budget, and prefills them, one forward each, whole prompts (what engine::generate does, so a lone
-//      greedy request gives exactly its tokens);
+//      budget, and prefills them, each whole prompt in chunks of at most the engine's prefill_chunk tokens
+//      (forward_pass::prefill, what engine::generate does, so a lone greedy request gives exactly its tokens);
 //   3. decodes every running sequence together: one forward_pass::run with one single-token span per sequence;
 //   4. picks each sequence's next token with its own sampler (penalties, constraint, logprobs on the host;
 //      plain greedy rows use the backend's argmax, as engine::generate does), reports it to the sequence's

@@ -52,6 +52,10 @@ TEST(cli, errors_are_one_line_with_exit_1) {
         "generate --ids-file " + d + "/ids.txt -n",
         "generate --ids-file " + d + "/ids.txt -n ten",
         "generate --ids-file " + d + "/ids.txt --backend tpu",
+        "generate --ids-file " + d + "/ids.txt --prefill-chunk 0",
+        "logits --ids-file " + d + "/ids.txt --out " + d + "/x.safetensors --prefill-chunk -3",
+        "bench --prompts 0",
+        "bench --prompts 256,x",
         "eval --ids-file " + d + "/ids.txt --reference /nonexistent.safetensors --reference-key x",
         "convert --model /nonexistent --out " + d + "/conv",
     };
@@ -90,6 +94,55 @@ TEST(cli, logits_generate_eval_on_the_mlx_fixture) {
     EXPECT_GT(j["perplexity"].get<double>(), 1.0);
     EXPECT_EQ(j["references"][0]["top1_agreement"], 1.0);
     EXPECT_LT(j["references"][0]["mean_kl"].get<double>(), 1e-9);
+}
+
+TEST(cli, prefill_chunk_gives_the_same_logits_and_ids) {
+    const std::string m = tansy::test::fixture("tiny-qwen35moe-mlx4");
+    if (m.empty()) GTEST_SKIP();
+    const std::string d = tansy::test::temp_dir("cli_chunk");
+    std::string ids;
+    for (int i = 0; i < 50; i++) ids += std::to_string((i * 37 + 11) % 4000) + " ";
+    tansy::test::write_file(d + "/ids.txt", ids);
+    stdout_only("logits --model " + m + " --ids-file " + d + "/ids.txt --out " + d + "/l.safetensors");
+    // eval collects every chunk's logits: against the one-pass logits, the same argmax everywhere, KL ~ 0
+    auto j = nlohmann::json::parse(stdout_only("eval --model " + m + " --ids-file " + d + "/ids.txt --prefill-chunk 7 " +
+                                               "--reference " + d + "/l.safetensors --reference-key logits --json"));
+    EXPECT_EQ(j["positions"], 49);
+    EXPECT_EQ(j["references"][0]["top1_agreement"], 1.0);
+    EXPECT_LT(j["references"][0]["mean_kl"].get<double>(), 1e-9);
+    const std::string gen = "generate --model " + m + " --ids-file " + d + "/ids.txt -n 8 --greedy --output-ids";
+    EXPECT_EQ(stdout_only(gen + " --prefill-chunk 3"), stdout_only(gen));
+}
+
+TEST(cli, bench_prefill_rows_on_the_cpu) {
+    // the embedded tiny model: decode at one context, then the prefill rows
+    const std::string args = "bench --backend cpu --contexts 256 --batches none --prompts 256,512 --prefill-chunk 200 "
+                             "--steps 2 --runs 1 --warmup 0";
+    auto j = nlohmann::json::parse(stdout_only(args + " --json"));
+    ASSERT_EQ(j["rows"].size(), 1u);
+    EXPECT_EQ(j["rows"][0]["context"], 256);
+    ASSERT_EQ(j["prefill"].size(), 2u);
+    for (int i = 0; i < 2; i++) {
+        const auto& r = j["prefill"][i];
+        EXPECT_EQ(r["prompt"], i == 0 ? 256 : 512);
+        EXPECT_EQ(r["chunk"], 200);
+        EXPECT_EQ(r["runs"], 1);
+        EXPECT_GT(r["tok_s"].get<double>(), 0);
+        EXPECT_GT(r["ttft_ms"].get<double>(), 0);
+        EXPECT_GT(r["gflop"].get<double>(), 0);
+        EXPECT_GT(r["tflops"].get<double>(), 0);
+    }
+    EXPECT_EQ(j["peak_tflops"], 989);
+    // the tables: decode, then prefill
+    const std::string table =
+        stdout_only("bench --backend cpu --contexts 64 --batches none --prompts 32 --steps 2 --runs 1 --warmup 0");
+    EXPECT_NE(table.find("%roofline"), std::string::npos) << table;
+    EXPECT_NE(table.find("TFLOP/s"), std::string::npos) << table;
+    // --prompts none: the decode table alone
+    auto k = nlohmann::json::parse(
+        stdout_only("bench --backend cpu --contexts 256 --batches none --prompts none --steps 2 --runs 1 --warmup 0 --json"));
+    EXPECT_EQ(k["rows"].size(), 1u);
+    EXPECT_TRUE(k["prefill"].empty());
 }
 
 TEST(cli, run_streams_a_chat_turn_and_stops_at_end_of_turn) {

@@ -119,6 +119,24 @@ TEST(scheduler, lone_greedy_request_equals_engine_generate) {
     EXPECT_EQ(f.generated, (int64_t)ref.size());
 }
 
+TEST(scheduler, prompts_prefilled_in_chunks_give_the_same_tokens) {
+    // the engine's prefill chunk applies to the scheduler's prefill too (forward_pass::prefill)
+    const std::vector<int32_t> prompt = chat_prompt("What does heapq.heappush do?");
+    const std::vector<int32_t> ref = reference_greedy(prompt, 12);
+    forward_pass& fw = tiny().eng().fwd();
+    const int64_t saved = fw.prefill_chunk;
+    fw.prefill_chunk = 5;
+    ASSERT_GT(prompt.size(), 2 * 5u);
+    {
+        scheduler s(tiny().eng(), scheduler_options{});
+        auto sink = std::make_shared<collect_sink>();
+        ASSERT_EQ(s.submit(1, make_request(prompt, 12, sink)), scheduler::submit_status::ok);
+        sink->wait();
+        EXPECT_EQ(sink->ids(), ref);
+    }
+    fw.prefill_chunk = saved;
+}
+
 TEST(scheduler, batched_sequences_do_not_mix) {
     // Different prompts and lengths, submitted together so they decode in shared steps. Each must produce the
     // tokens it produces alone (the CPU backend computes every batch row independently).
