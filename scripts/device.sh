@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build + test + bench on the GPU machine in one go (the device tool runs it in a copy of this tree, with
 # .carry from scripts/prepare-device-carry.sh). Results land in $OUT (or ./device-out).
-#   scripts/device.sh [test|bench|all] [extra bench args...]
+#   scripts/device.sh [test|bench|all|gtest|profile|detail|tokenizer] [extra bench args...]
+#   gtest: FILTER='cuda_gemm*' [MEMCHECK=1] scripts/device.sh gtest
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -12,7 +13,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 t0=$(date +%s)
 cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" \
   -DTANSY_GTEST_SOURCE="$deps/googletest-src" -DTANSY_CUDA_ARCHS=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build-dev -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
+target=all; [ "$what" = gtest ] && target=tansy_cuda_tests
+cmake --build build-dev -j 16 --target $target > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 rc=0
 if [ "$what" = test ] || [ "$what" = all ]; then
@@ -25,6 +27,12 @@ if [ "$what" = test ] || [ "$what" = all ]; then
       > "$OUT/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; tail -30 "$OUT/memcheck.log"; rc=1; }
   fi
 fi
+if [ "$what" = gtest ]; then
+  # only the CUDA test binary, the tests matching $FILTER (gtest syntax), optionally under compute-sanitizer ($MEMCHECK=1)
+  pre=""; [ "${MEMCHECK:-0}" = 1 ] && pre="compute-sanitizer --tool memcheck --error-exitcode 3"
+  timeout ${GTEST_TIMEOUT:-400} $pre build-dev/tests/tansy_cuda_tests --gtest_filter="${FILTER:-*}" > "$OUT/gtest.log" 2>&1 || rc=1
+  grep -E "^\[  (FAILED|PASSED) |^\[ +OK|^\[ (tiny|real|paths)|Failure|rel_error|error|Expected|Which is|actual|ERROR SUMMARY" "$OUT/gtest.log" | head -${GTEST_LINES:-80}
+fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   timeout 300 build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json "$@" \
     --json > "$OUT/bench.json" 2> "$OUT/bench.log" || { tail -20 "$OUT/bench.log"; rc=1; }
@@ -34,7 +42,7 @@ if [ "$what" = profile ]; then
   # per-kernel time of decode steps (batch 1, context 2048) with Nsight Compute; summary by kernel name
   ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
     -k regex:'^(?!.*synth)' build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
-    --contexts ${PROFILE_CONTEXT:-2048} --batches none --steps 1 --runs 1 --warmup 0 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
+    --contexts ${PROFILE_CONTEXT:-2048} --batches none --prompts none --steps 1 --runs 1 --warmup 0 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
   python3 scripts/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt"
 fi
 if [ "$what" = detail ]; then
@@ -43,7 +51,7 @@ if [ "$what" = detail ]; then
     ncu --clock-control none --graph-profiling node -k regex:"$k" --launch-skip ${SKIP:-120} --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
       --section LaunchStats build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
-      --contexts 2048 --batches none --steps 4 --runs 1 --warmup 0 2>/dev/null | grep -vE "^==PROF==|^  *$" | cut -c1-120 > "$OUT/detail-$k.txt"
+      --contexts 2048 --batches none --prompts none --steps 4 --runs 1 --warmup 0 2>/dev/null | grep -vE "^==PROF==|^  *$" | cut -c1-120 > "$OUT/detail-$k.txt"
     tail -60 "$OUT/detail-$k.txt"
   done
   cuobjdump -sass build-dev/libtansy_cuda.a 2>/dev/null | awk '/Function : .*gemv_xs_kernel.*dfmtE0ELi2ELi4E/{f=1;n=0} f{print; n++} n>4000{f=0}' \

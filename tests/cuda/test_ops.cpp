@@ -4,11 +4,10 @@
 #include <cstring>
 #include <memory>
 
-#include "backend/backend.h"
-#include "cuda_test_util.h"
-#include "model/synthetic.h"
+#include "op_twins.h"
 
 using namespace tansy;
+using namespace tansy::test;
 
 namespace {
 
@@ -16,55 +15,6 @@ namespace {
 constexpr double TOL_FP32_OP = 2e-5;
 // The CUDA KV cache is bf16 (2^-8 relative per stored value), the CPU's fp32.
 constexpr double TOL_ATTENTION = 1e-2;
-
-struct pair_of_backends {
-    model m;
-    std::unique_ptr<backend> cpu, gpu;
-};
-
-std::unique_ptr<pair_of_backends> make_pair(const model_config& c) {
-    auto p = std::make_unique<pair_of_backends>();
-    synthetic_options so;
-    so.materialize = true;
-    so.seed = 7;
-    p->m = make_synthetic_model(c, so);
-    p->cpu = make_backend("cpu", c);
-    p->gpu = make_backend("cuda", c);
-    p->cpu->bind(p->m);
-    p->gpu->bind(p->m);
-    return p;
-}
-
-model_config tiny_config() {
-    return synthetic_config(test::fixture("tiny-qwen35moe-mlx4") + "/config.json", 4);
-}
-model_config real_config() {
-    return synthetic_config(test::fixture("qwen3.6-35b-a3b") + "/config.json", 4, 2048);
-}
-
-// A tensor with the same random contents on both backends.
-struct twin {
-    buffer c, g;
-    twin(pair_of_backends& p, int64_t rows, int64_t cols, uint32_t seed, float sd = 1.0f) {
-        c = p.cpu->alloc(rows, cols, dtype::f32);
-        g = p.gpu->alloc(rows, cols, dtype::f32);
-        auto v = test::random_normal((size_t)(rows * cols), seed, sd);
-        p.cpu->upload(c.t(), v.data());
-        p.gpu->upload(g.t(), v.data());
-    }
-    twin(pair_of_backends& p, int64_t rows, int64_t cols) {
-        c = p.cpu->alloc(rows, cols, dtype::f32);
-        g = p.gpu->alloc(rows, cols, dtype::f32);
-    }
-    double diff(pair_of_backends& p) const {
-        std::vector<float> a((size_t)c.t().numel()), b(a.size());
-        p.cpu->download(a.data(), c.t());
-        p.gpu->download(b.data(), g.t());
-        return test::rel_error(b, a);
-    }
-};
-
-vec_view vv(const std::vector<float>& v) { return {v.data(), (int64_t)v.size()}; }
 
 void check_project_moe_matmul(pair_of_backends& p) {
     const model_config& c = p.m.cfg;

@@ -9,6 +9,8 @@
 //     memory so the partial reads are independent (kept).
 // v3: back to warps striding over positions with all G heads each, the warps folded through shared memory
 //     without atomics; slices of at least 32 positions, at most 64 per KV head.
+// The split and combine kernels skip the rows of spans of k_attn_prefill_min_rows or more: attention_prefill
+// (attention_prefill.cu) does those with tensor cores.
 #include <cfloat>
 
 #include "backend/cuda/attention.cuh"
@@ -25,6 +27,11 @@ __device__ __forceinline__ int position_of(const attn_params& p, int t, dseq* s_
     const drow r = p.rows[t];
     *s_out = p.seqs[r.seq];
     return s_out->meta[0] + r.offset;
+}
+
+// Rows of long spans belong to attention_prefill (attention.cuh); the decode kernels leave them alone.
+__device__ __forceinline__ bool row_in_prefill(const attn_params& p, int t) {
+    return p.spans && p.spans[p.rows[t].seq].n >= k_attn_prefill_min_rows;
 }
 
 __global__ void __launch_bounds__(k_warps * 32) prep_kernel(const attn_params p) {
@@ -103,6 +110,7 @@ __global__ void __launch_bounds__(k_warps * 32) split_kernel(const attn_params p
     float* s_l = s_m + k_warps * G;                 // [k_warps][G]
     const int t = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row_in_prefill(p, t)) return;
     dseq s;
     const int len = position_of(p, t, &s) + 1;
     const int S = split_len(len, p.n_splits);
@@ -181,6 +189,7 @@ __global__ void __launch_bounds__(DH) combine_kernel(const attn_params p) {
     __shared__ float s_inv_l;
     pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    if (row_in_prefill(p, t)) return;
     dseq s;
     const int len = position_of(p, t, &s) + 1;
     const int S = split_len(len, p.n_splits), n_valid = (len + S - 1) / S;
@@ -229,7 +238,7 @@ void launch_split(const attn_params& p, cudaStream_t stream) {
 }
 
 void attention_decode(const attn_params& p, cudaStream_t stream) {
-    if (p.T == 0) return;
+    if (p.T == 0 || (p.spans && p.min_span >= k_attn_prefill_min_rows)) return;  // no short span: nothing to do
     TANSY_CHECK(p.n_splits <= k_max_splits, "cuda attention: %d splits", p.n_splits);
     switch (p.Hq / p.Hkv) {
         case 1: launch_split<1>(p, stream); break;

@@ -1,5 +1,6 @@
 // Gated full attention on the device (MODEL.md §3): prep (q/k norm, partial RoPE, KV append), split-K flash
-// decoding that reads each KV head once for its query-head group, and the combine with the sigmoid gate.
+// decoding that reads each KV head once for its query-head group, and the combine with the sigmoid gate;
+// a tensor-core causal flash-attention kernel for the rows of long spans (prompt processing).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -19,7 +20,10 @@ struct attn_params {
     const double* inv_freq = nullptr;  // [rope_dim/2] device
     // batch and state
     const drow* rows = nullptr;
-    const dseq* seqs = nullptr;
+    const dseq* seqs = nullptr;     // [n_spans], indexed like spans
+    const dspan* spans = nullptr;   // [n_spans] device
+    int n_spans = 0;
+    int min_span = 0, max_span = 0; // host copies of the shortest / longest span: which kernels to launch
     dshape shape;
     int slot = 0;
     // workspace
@@ -33,7 +37,15 @@ struct attn_params {
 
 // Writes p.q and appends K/V of every row at its position (n_past of its sequence + offset).
 void attention_prep(const attn_params& p, cudaStream_t stream);
-// Split-K partials then the combine (with the output gate) into p.out.
+// Rows of spans of at least this many rows go to attention_prefill, the others to attention_decode.
+// note: 16 rows keep a 64-row tensor-core tile at least a quarter busy; below that the decode path, which
+// walks the context once per row, is cheap enough. (Without p.spans every row goes to attention_decode.)
+constexpr int k_attn_prefill_min_rows = 16;
+
+// Split-K partials then the combine (with the output gate) into p.out, for the rows of short spans.
 void attention_decode(const attn_params& p, cudaStream_t stream);
+// Causal flash attention (tensor cores) with the output gate into p.out, for the rows of long spans. Run
+// after attention_prep, with attention_decode, on the same params: each writes only its own rows.
+void attention_prefill(const attn_params& p, cudaStream_t stream);
 
 }  // namespace tansy::cuda

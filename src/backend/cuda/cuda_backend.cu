@@ -3,6 +3,7 @@
 // and CUDA-graph capture of whole decode steps. Kernels live in gemv/moe/attention/gdn/misc.cu.
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <unordered_map>
 
@@ -11,6 +12,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/gdn.cuh"
+#include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/misc.cuh"
 #include "backend/cuda/moe.cuh"
@@ -98,7 +100,8 @@ class cuda_backend final : public backend {
         for (size_t j = 0; j < inv.size(); j++) inv[j] = std::pow(cfg.rope_theta, -2.0 * (double)j / (double)cfg.rope_dim);
         for (auto* a : {&ws_norm_, &ws_q_, &ws_part_o_, &ws_part_ml_, &ws_gdn_o_, &ws_router_, &ws_wt_, &ws_sig_, &ws_h_, &ws_argmax_})
             a->epoch = &epoch_;
-        for (auto* a : {&gather_rows_dev_, &ws_idx_}) a->epoch = &epoch_;
+        for (auto* a : {&gather_rows_dev_, &ws_idx_, &ws_perm_, &ws_pos_, &ws_ntiles_}) a->epoch = &epoch_;
+        ws_tiles_.epoch = ws_y_.epoch = ws_gdn_work_.epoch = &epoch_;
         rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
         inv_freq_ = device_buffer(inv.size() * sizeof(double));
         inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
@@ -153,12 +156,8 @@ class cuda_backend final : public backend {
 
     void matmul(const tensor& out, const tensor& in, const matrix& W, bool accumulate) override {
         TANSY_CHECK(in.cols == W.cols && out.cols == W.rows && out.rows == in.rows, "matmul %s shapes", W.name.c_str());
-        gemv_params p;
-        p.W = weights_.mat(W);
-        p.x = f32(in), p.ldx = in.cols, p.T = (int)in.rows;
-        p.seg[0] = {f32(out), out.cols, 0};
-        p.accumulate = accumulate;
-        gemv(p, stream_);
+        const gemv_segment seg{f32(out), out.cols, 0};
+        dense(weights_.mat(W), f32(in), in.cols, (int)in.rows, nullptr, 0.0f, &seg, 1, accumulate);
     }
 
     void gather_rows(const tensor& out, const tensor& in, const std::vector<int64_t>& rows) override {
@@ -185,15 +184,10 @@ class cuda_backend final : public backend {
         }
         const device_weights::concat& cc = weights_.cat(Ws);
         for (size_t part = 0; part < cc.parts.size(); part++) {
-            gemv_params p;
-            p.W = cc.parts[part].W;
-            p.x = xin, p.ldx = x.cols, p.T = T, p.norm_w = nw, p.eps = eps;
-            p.n_seg = 0;
-            for (int i : cc.parts[part].members) {
-                p.seg[p.n_seg] = {f32(outs[(size_t)i]), outs[(size_t)i].cols, cc.row0[(size_t)i]};
-                p.n_seg++;
-            }
-            gemv(p, stream_);
+            gemv_segment seg[4];
+            int n_seg = 0;
+            for (int i : cc.parts[part].members) seg[n_seg++] = {f32(outs[(size_t)i]), outs[(size_t)i].cols, cc.row0[(size_t)i]};
+            dense(cc.parts[part].W, xin, x.cols, T, nw, eps, seg, n_seg, false);
         }
     }
 
@@ -208,13 +202,22 @@ class cuda_backend final : public backend {
         p.T = T, p.Hq = (int)cfg_.n_q_heads, p.Hkv = (int)cfg_.n_kv_heads, p.dh = (int)cfg_.head_dim;
         p.rope_dim = (int)cfg_.rope_dim, p.eps = cfg_.eps, p.inv_freq = (const double*)inv_freq_.get();
         p.rows = rows_dev_.get(), p.seqs = seqs_dev_.get(), p.shape = batch_shape_, p.slot = slot;
+        p.spans = spans_dev_.get(), p.n_spans = (int)spans.size();
+        p.min_span = p.max_span = spans.empty() ? 0 : (int)spans[0].n;
+        for (const seq_span& s : spans)
+            p.min_span = std::min(p.min_span, (int)s.n), p.max_span = std::max(p.max_span, (int)s.n);
         p.n_splits = k_attn_splits;
         p.q = ws_q_.ensure((size_t)T * p.Hq * p.dh);
-        p.part_o = ws_part_o_.ensure((size_t)T * p.Hq * p.n_splits * p.dh);
-        p.part_ml = ws_part_ml_.ensure((size_t)T * p.Hq * p.n_splits * 2);
+        // note: the split partials take 1 MB per row (real shapes); a batch of long spans only (a prompt)
+        // needs none, since those rows go to attention_prefill
+        if (p.min_span < k_attn_prefill_min_rows) {
+            p.part_o = ws_part_o_.ensure((size_t)T * p.Hq * p.n_splits * p.dh);
+            p.part_ml = ws_part_ml_.ensure((size_t)T * p.Hq * p.n_splits * 2);
+        }
         p.out = f32(out);
         attention_prep(p, stream_);
-        attention_decode(p, stream_);
+        attention_decode(p, stream_);   // rows of spans shorter than k_attn_prefill_min_rows (decode tokens)
+        attention_prefill(p, stream_);  // rows of the longer spans (prompts)
     }
 
     void gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
@@ -231,6 +234,8 @@ class cuda_backend final : public backend {
         p.spans = spans_dev_.get(), p.seqs = seqs_dev_.get(), p.n_spans = (int)spans.size();
         p.shape = batch_shape_, p.slot = slot;
         p.o = ws_gdn_o_.ensure((size_t)out.numel());
+        if (p.T - (p.n_spans - 1) > k_gdn_recur_max_rows)  // some span takes the prefill path
+            p.work = ws_gdn_work_.ensure(gdn_prefill_workspace_floats(p.T, p.Hk, p.Hv, p.dk, p.dv));
         p.out = f32(out);
         gdn_forward(p, stream_);
     }
@@ -247,12 +252,14 @@ class cuda_backend final : public backend {
         }
         const int E = (int)cfg_.n_experts, k = (int)cfg_.top_k;
         float* logits = ws_router_.ensure((size_t)T * (E + 1));
-        for (const auto& part : md.router.parts) {  // [router; shared_expert_gate] rows -> logits [T, E+1]
+        // [router; shared_expert_gate] rows -> logits [T, E+1], always in fp32 (the GEMV kernels): bf16 inputs
+        // move router logits by ~1e-3 relative, enough to swap the 8th and 9th expert of some tokens, which changes
+        // those tokens' outputs by O(1) and makes prompt processing disagree with decode. It costs ~2 us a token.
+        for (const auto& part : md.router.parts) {
             gemv_params p;
             p.W = part.W;
             p.x = xin, p.ldx = x.cols, p.T = T, p.norm_w = nw, p.eps = eps;
             p.seg[0] = {logits + (part.members[0] == 0 ? 0 : E), E + 1, 0};
-            p.n_seg = 1;
             gemv(p, stream_);
         }
         int32_t* idx = ws_idx_.ensure((size_t)T * k);
@@ -260,6 +267,10 @@ class cuda_backend final : public backend {
         float* sig = ws_sig_.ensure((size_t)T);
         moe_topk(idx, wt, sig, logits, E + 1, T, E, k, md.router_bias, stream_);
         float* h = ws_h_.ensure((size_t)T * (k + 1) * std::max(cfg_.expert_inter, cfg_.shared_inter));
+        if (use_gemm(T, {&md.m.gate, &md.m.up, &md.m.down, &md.m.s_gate, &md.m.s_up, &md.m.s_down})) {
+            moe_grouped(f32(x), x.cols, md.m, xin, idx, wt, sig, h, T);
+            return;
+        }
         moe_gate_up(h, md.m, idx, xin, x.cols, T, nw, eps, stream_);
         moe_down(f32(x), x.cols, md.m, idx, wt, sig, h, T, stream_);
     }
@@ -304,6 +315,75 @@ class cuda_backend final : public backend {
     }
 
   private:
+    static bool use_gemm(int T, std::initializer_list<const dmat*> Ws) {
+        if (T < k_gemm_min_rows) return false;
+        for (const dmat* W : Ws)
+            if (!gemm_supports(*W)) return false;
+        return true;
+    }
+
+    // out segments (+)= x W^T for T rows: the tensor-core GEMM for many rows, the GEMV kernels (which can fold
+    // the RMS norm nw into their prologue for T <= k_gemv_max_norm_rows) otherwise.
+    void dense(const dmat& W, const float* x, int64_t ldx, int T, const float* nw, float eps, const gemv_segment* seg,
+               int n_seg, bool accumulate) {
+        if (use_gemm(T, {&W})) {
+            TANSY_CHECK(nw == nullptr, "gemm: normalise the input first");
+            gemm_params p;
+            p.W = W, p.N = W.rows, p.x = x, p.ldx = ldx, p.M = T;
+            p.epi = gemm_epilogue::store;
+            for (int i = 0; i < n_seg; i++) p.seg[i] = seg[i];
+            p.n_seg = n_seg, p.accumulate = accumulate;
+            gemm(p, stream_);
+            return;
+        }
+        gemv_params p;
+        p.W = W;
+        p.x = x, p.ldx = ldx, p.T = T, p.norm_w = nw, p.eps = eps;
+        for (int i = 0; i < n_seg; i++) p.seg[i] = seg[i];
+        p.n_seg = n_seg, p.accumulate = accumulate;
+        gemv(p, stream_);
+    }
+
+    // Routed experts as grouped GEMMs over expert-sorted slots (gate/up with SwiGLU, then down), the shared
+    // expert as dense GEMMs, then the weighted combine into x. m = normalised input [T, D]; h: workspace of
+    // T*(k+1)*max(F, Fs) floats.
+    void moe_grouped(float* x, int64_t ldx, const dmoe& md, const float* m, const int32_t* idx, const float* wt,
+                     const float* sig, float* h, int T) {
+        const int E = md.E, k = md.k;
+        const int64_t D = md.D, F = md.F, Fs = md.Fs;
+        const int max_tiles = moe_max_tiles(T, E, k);
+        int32_t* perm = ws_perm_.ensure((size_t)T * k);
+        int32_t* pos_of = ws_pos_.ensure((size_t)T * k);
+        gemm_tile* tiles = ws_tiles_.ensure((size_t)max_tiles);
+        int32_t* n_tiles = ws_ntiles_.ensure(1);
+        float* y = ws_y_.ensure((size_t)T * (k + 1) * D);  // [T*k, D] routed rows (sorted), then [T, D] shared
+        float* ys = y + (size_t)T * k * D;
+        float* hs = h + (size_t)T * k * F;  // [T*k, F] routed (sorted), then [T, Fs] shared
+        moe_plan(perm, pos_of, tiles, n_tiles, idx, T, E, k, stream_);
+
+        gemm_params g;  // routed gate/up: A rows gathered from the tokens of the sorted slots
+        g.W = md.gate, g.W2 = md.up, g.N = F, g.x = m, g.ldx = D, g.gather = perm, g.gather_div = k;
+        g.tiles = tiles, g.n_tiles = n_tiles, g.max_tiles = max_tiles;
+        g.epi = gemm_epilogue::swiglu, g.out = h, g.ldo = F;
+        gemm(g, stream_);
+        gemm_params d;  // routed down: sorted rows in, sorted rows out
+        d.W = md.down, d.N = D, d.x = h, d.ldx = F;
+        d.tiles = tiles, d.n_tiles = n_tiles, d.max_tiles = max_tiles;
+        d.epi = gemm_epilogue::rows, d.out = y, d.ldo = D;
+        gemm(d, stream_);
+
+        gemm_params sg;  // shared expert, dense
+        sg.W = md.s_gate, sg.W2 = md.s_up, sg.N = Fs, sg.x = m, sg.ldx = D, sg.M = T;
+        sg.epi = gemm_epilogue::swiglu, sg.out = hs, sg.ldo = Fs;
+        gemm(sg, stream_);
+        gemm_params sd;
+        sd.W = md.s_down, sd.N = D, sd.x = hs, sd.ldx = Fs, sd.M = T;
+        sd.epi = gemm_epilogue::rows, sd.out = ys, sd.ldo = D;
+        gemm(sd, stream_);
+
+        moe_combine(x, ldx, y, ys, pos_of, wt, sig, T, k, D, stream_);
+    }
+
     // Row -> (sequence, offset) and sequence -> state tables on the device, re-uploaded only when the batch's
     // structure changes (never inside a graph capture: a replayed step has the structure it was captured with).
     void prepare_batch(const std::vector<seq_span>& spans, int T) {
@@ -335,6 +415,9 @@ class cuda_backend final : public backend {
         batch_shape_.capacity = cap;
     }
 
+    // From this many rows on, matrix products run on the tensor cores (bf16 inputs, fp32 accumulation); below
+    // it, the fp32 GEMV kernels tuned for decode.
+    static constexpr int k_gemm_min_rows = 32;
     static constexpr int k_attn_splits = 64;  // most context slices per (token, KV head); blocks past the end exit
 
     model_config cfg_;
@@ -355,8 +438,9 @@ class cuda_backend final : public backend {
     dev_array<drow> rows_dev_;
     dev_array<dspan> spans_dev_;
     dev_array<dseq> seqs_dev_;
-    dev_array<int32_t> gather_rows_dev_, ws_idx_;
-    dev_array<float> ws_norm_, ws_q_, ws_part_o_, ws_part_ml_, ws_gdn_o_, ws_router_, ws_wt_, ws_sig_, ws_h_, ws_argmax_;
+    dev_array<int32_t> gather_rows_dev_, ws_idx_, ws_perm_, ws_pos_, ws_ntiles_;
+    dev_array<gemm_tile> ws_tiles_;
+    dev_array<float> ws_y_, ws_gdn_work_, ws_norm_, ws_q_, ws_part_o_, ws_part_ml_, ws_gdn_o_, ws_router_, ws_wt_, ws_sig_, ws_h_, ws_argmax_;
 };
 
 }  // namespace

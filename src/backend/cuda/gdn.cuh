@@ -1,7 +1,12 @@
 // Gated DeltaNet on the device (MODEL.md §4): conv (double-buffered state) + SiLU + L2 norms + gates + the
-// recurrent delta rule, one block per (sequence, value head, 32 value columns) with the state slice in
-// registers; then the gated RMSNorm.
+// delta rule, then the gated RMSNorm. Two paths, routed by span length inside gdn_forward:
+//  - decode (spans of <= k_gdn_recur_max_rows rows): one block per (sequence, value head, 32 value columns)
+//    walks the span's tokens with the state slice in registers (gdn.cu);
+//  - prefill (longer spans): a parallel prep kernel (conv, norms, gates) into a workspace, then a scan with the
+//    state in registers and chunks of tokens staged through shared memory (gdn_prefill.cu).
 #pragma once
+#include <cstddef>
+#include <cstdint>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/seq_layout.h"
@@ -19,18 +24,43 @@ struct gdn_params {
     const float* norm_w = nullptr;   // [dv]
     int T = 0, Hk = 0, Hv = 0, dk = 0, dv = 0, K = 0;
     float eps = 1e-6f;
-    // batch and state
+    // batch and state: the spans tile the T rows in order, each with at least one row
     const dspan* spans = nullptr;  // [n_spans]
     const dseq* seqs = nullptr;    // [n_spans], same order
     int n_spans = 0;
     dshape shape;
     int slot = 0;
+    // workspace for the prefill path (spans of more than k_gdn_recur_max_rows rows), 16-byte aligned,
+    // gdn_prefill_workspace_floats(T, ...) floats: q^ [T, Hk*dk] | k^ [T, Hk*dk] | (beta, alpha) [Hv, T, 2]
+    float* work = nullptr;
     // outputs
-    float* o = nullptr;    // [T, Hv*dv] delta-rule output (before the gated norm)
+    float* o = nullptr;    // [T, Hv*dv] delta-rule output (before the gated norm); the prefill path stages v here
     float* out = nullptr;  // [T, Hv*dv] gated-normed
 };
+
+// Spans of at most this many rows take the token-by-token decode kernel; longer ones the prep + scan path.
+// note: the decode kernel costs ~1-2 us per token and layer, the prefill path two extra launches (a few us)
+// and then ~0.1 us per token, so the crossover lies at a few tokens; 16 keeps short speculative/verification
+// spans on the latency-tuned kernel and must stay >= K-1 (a long span's new conv window is its own rows).
+constexpr int k_gdn_recur_max_rows = 16;
+
+// Floats of gdn_params::work for a batch of T rows (whatever the span lengths).
+inline size_t gdn_prefill_workspace_floats(int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t /*dv*/) {
+    return (size_t)T * (size_t)(2 * Hk * dk + 2 * Hv);
+}
 
 // CPU twins: cpu::conv1d_silu, cpu::delta_rule_recurrent, cpu::gated_rms_norm.
 void gdn_forward(const gdn_params& p, cudaStream_t stream);
 
+// The prefill path alone (gdn_forward routes to it): prep + scan for the spans of at least min_rows rows,
+// writing their rows of p.o (before the gated norm), their state and conv window. Needs p.work.
+void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream);
+
 }  // namespace tansy::cuda
+
+#if defined(__CUDACC__)
+namespace tansy::cuda {
+// Shared by gdn.cu and gdn_prefill.cu. softplus(x) = log(1 + e^x), the identity above 20 (as PyTorch).
+__device__ __forceinline__ float gdn_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+}  // namespace tansy::cuda
+#endif

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemv.cuh"
 
 namespace tansy::cuda {
@@ -33,5 +34,18 @@ void moe_gate_up(float* h, const dmoe& m, const int32_t* idx, const float* x, in
 // x[t] += sum_j wt[t][j] * W_down^{idx[t][j]} h[t][j] + sig[t] * W_sdown h[t][k]
 void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
               const float* h, int T, cudaStream_t stream);
+
+// ---- many rows (prompt processing): experts as a grouped tensor-core GEMM (gemm.cuh)
+
+// Device-side routing plan for T tokens x k slots: slots sorted by expert (perm[p] = t*k + j at sorted position
+// p, pos_of[t*k + j] = p) and the work list of gemm tiles (expert, first sorted row, rows <= k_gemm_bm), at
+// most moe_max_tiles(T, E, k) of them, the count in *n_tiles. One CTA; no host synchronisation.
+int moe_max_tiles(int T, int E, int k);
+void moe_plan(int32_t* perm, int32_t* pos_of, gemm_tile* tiles, int32_t* n_tiles, const int32_t* idx, int T, int E,
+              int k, cudaStream_t stream);
+
+// x[t] += sum_j wt[t][j] * y[pos_of[t*k + j]] + sig[t] * ys[t] (rows of D floats), in a fixed order.
+void moe_combine(float* x, int64_t ldx, const float* y, const float* ys, const int32_t* pos_of, const float* wt,
+                 const float* sig, int T, int k, int64_t D, cudaStream_t stream);
 
 }  // namespace tansy::cuda

@@ -1,0 +1,315 @@
+// Causal flash attention for the rows of long spans (prompt processing), FlashAttention-2 style, on tensor cores.
+// v1: one CTA of 4 warps per (tile of 64 query rows of one span, query head); each warp owns 16 rows. The Q tile
+//     is converted fp32 -> bf16 into shared memory once; the CTA walks key tiles of 64 from position 0 up to the
+//     tile's last position: S = Q K^T and O += P V with mma.sync m16n8k16 (bf16 in, fp32 accumulate; operands
+//     through ldmatrix, V through ldmatrix.trans), online softmax in fp32 registers (exp2 with the 1/sqrt(dh)
+//     scale folded into log2(e)), P rounded to bf16 in registers as the A operand of P V (as the reference
+//     does, MODEL.md §3). K and V have one buffer each, loaded with cp.async and staggered (FA2): K of the next
+//     tile streams in during P V, V of the next during the next Q K^T. Causal masking only on the (at most
+//     two) key tiles that reach past the tile's first position; key tiles past its last position are never
+//     loaded. Epilogue: O / l * sigmoid(gate), the combine kernel's arithmetic.
+//     smem: (64 + 64 + 64) rows x (dh + 8) bf16 = 99 KB at dh 256: two CTAs per SM on sm_90 (one on sm_80).
+//     ptxas (dh 256): 247 registers on sm_90, 241 on sm_80, no spills. Not yet measured on the GPU.
+//     note: a CTA per query head, not per KV head with its G query heads: the O accumulator of 16 rows x 256
+//     is already 128 registers per thread, so a CTA cannot keep G heads' O; the G CTAs of a group read the
+//     same K/V tiles at the same pace (head is the fastest grid index), so the repeats are L2 hits.
+//     v2 ideas: split the keys of long contexts over CTAs (few query tiles at a long context leave SMs idle);
+//     pack G heads of few positions into the 64 rows; wgmma/TMA on sm_90.
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/common.cuh"
+
+namespace tansy::cuda {
+
+namespace {
+
+constexpr int BLOCK_M = 64;  // query rows per CTA: 4 warps x 16 (the m of one mma)
+constexpr int BLOCK_N = 64;  // keys per tile
+constexpr int N_WARPS = BLOCK_M / 16, N_THREADS = N_WARPS * 32;
+
+template <int DH>
+struct prefill_layout {
+    // note: rows padded by 8 bf16 (16 bytes): a row is then 33 16-byte units apart from the next, so the 8
+    // row addresses of one ldmatrix phase fall in 8 different bank groups (no conflicts, no swizzle needed)
+    static constexpr int LD = DH + 8;
+    static constexpr size_t SMEM = (size_t)(BLOCK_M + 2 * BLOCK_N) * LD * sizeof(uint16_t);  // sQ | sK | sV
+};
+
+// ---- sm_80+ primitives (mma.sync / ldmatrix / cp.async: no sm_90-only instructions)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared, bypassing L1; with valid = false nothing is read and the 16 bytes are zeroed.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 bf16 matrices; lane l gives the address of row l%8 of matrix l/8 and gets, of matrix j, in r[j]:
+// row l/4, columns 2(l%4) and 2(l%4)+1 (.trans: column l/4, rows 2(l%4) and 2(l%4)+1).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// c (16x8 fp32) += a (16x16 bf16, row-major) * b (16x8 bf16, column-major). Fragments, with g = lane/4 and
+// t = lane%4: a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..];
+// b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1].
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as bf16x2, lo in the low half (the lower column of an mma fragment).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
+}
+
+// One key tile (BLOCK_N rows of DH bf16, row stride kvd in the cache) into shared memory; keys >= n_keys are
+// zero-filled, never read (they may lie past the cache's capacity, and zeros keep 0 * V finite).
+template <int DH>
+__device__ __forceinline__ void load_kv_tile(uint16_t* dst, const uint16_t* src, int64_t kvd, int k0, int n_keys) {
+    constexpr int CHUNKS = DH / 8;            // 16-byte chunks per row
+    constexpr int ROWS = N_THREADS / CHUNKS;  // rows per pass; a warp copies whole rows (coalesced)
+    static_assert(N_THREADS % CHUNKS == 0 && BLOCK_N % ROWS == 0, "whole rows per pass");
+    // note: one running source pointer; per-pass 64-bit offsets kept in registers cost 400 bytes of spills
+    const int jt = threadIdx.x / CHUNKS, d = (threadIdx.x % CHUNKS) * 8;
+    const uint16_t* s = src + (int64_t)(k0 + jt) * kvd + d;
+    uint16_t* t = dst + jt * prefill_layout<DH>::LD + d;
+#pragma unroll
+    for (int it = 0; it < BLOCK_N / ROWS; it++) {
+        const bool ok = k0 + jt + it * ROWS < n_keys;
+        cp_async16(t + it * ROWS * prefill_layout<DH>::LD, ok ? s : src, ok);
+        s += ROWS * kvd;
+    }
+}
+
+// grid (Hq, tiles): blockIdx.y counts the 64-row tiles of the long spans (span by span; the grid is an upper
+// bound and CTAs past the last tile exit). Each (span, tile) is found by walking p.spans on the device, so a
+// captured graph stays valid and nothing is uploaded per call.
+template <int DH>
+__global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params p) {
+    using L = prefill_layout<DH>;
+    constexpr int LD = L::LD, NT_S = BLOCK_N / 8, NT_O = DH / 8;  // n-tiles of 8 in S and in O
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t* sQ = smem;                 // [BLOCK_M][LD]
+    uint16_t* sK = sQ + BLOCK_M * LD;    // [BLOCK_N][LD]
+    uint16_t* sV = sK + BLOCK_N * LD;    // [BLOCK_N][LD]
+    pdl_trigger();  // the o_proj GEMV waits (griddepcontrol.wait) for this grid to finish anyway
+
+    // 1. this CTA's span and tile; the heaviest (last) tile of a span gets the lowest index, so it starts first
+    const int h = blockIdx.x, kvh = h / (p.Hq / p.Hkv);
+    int tile = blockIdx.y, si = -1, n = 0, row0 = 0;
+    for (int s = 0; s < p.n_spans; s++) {
+        const dspan sp = p.spans[s];
+        if (sp.n < k_attn_prefill_min_rows) continue;  // attention_decode's rows
+        const int nt = (sp.n + BLOCK_M - 1) / BLOCK_M;
+        if (tile < nt) {
+            si = s, n = sp.n, row0 = sp.row0, tile = nt - 1 - tile;
+            break;
+        }
+        tile -= nt;
+    }
+    if (si < 0) return;
+    const dseq sq = p.seqs[si];
+    const int r0 = tile * BLOCK_M;                    // the tile's first row within the span
+    const int n_rows = min(BLOCK_M, n - r0);          // rows of the tile that exist
+    const int pos_min = sq.meta[0] + r0;              // n_past before this step + offset
+    const int pos_max = pos_min + n_rows - 1;
+    const int n_keys = pos_max + 1;                   // causal: no row of the tile sees past pos_max
+    const int n_tiles = (n_keys + BLOCK_N - 1) / BLOCK_N;
+    const int64_t kvd = p.shape.kvd;
+    const uint16_t* Kg = kv_k(sq, p.shape, p.slot) + (int64_t)kvh * DH;
+    const uint16_t* Vg = kv_v(sq, p.shape, p.slot) + (int64_t)kvh * DH;
+
+    // 2. first K and V tiles in flight (two groups: K then V) while Q is converted
+    load_kv_tile<DH>(sK, Kg, kvd, 0, n_keys);
+    cp_async_commit();
+    load_kv_tile<DH>(sV, Vg, kvd, 0, n_keys);
+    cp_async_commit();
+    {
+        const int64_t ldq = (int64_t)p.Hq * DH;
+        const float* qsrc = p.q + (int64_t)(row0 + r0) * ldq + (int64_t)h * DH;
+        static_assert(BLOCK_M * DH / 4 % N_THREADS == 0, "whole float4s per thread");
+#pragma unroll 8
+        for (int it = 0; it < BLOCK_M * DH / 4 / N_THREADS; it++) {
+            const int c = it * N_THREADS + threadIdx.x;
+            const int i = c / (DH / 4), d = (c % (DH / 4)) * 4;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // rows past the span: zeros, never stored
+            if (i < n_rows) v = *reinterpret_cast<const float4*>(qsrc + i * ldq + d);
+            *reinterpret_cast<uint2*>(sQ + i * LD + d) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+        }
+    }
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int qr = warp * 16 + lane / 4;  // this thread's rows of the tile: qr and qr + 8
+    // positions of those rows; a row past the span takes the last real row's, which keeps it finite
+    const int pos_r[2] = {pos_min + min(qr, n_rows - 1), pos_min + min(qr + 8, n_rows - 1)};
+    // softmax in base 2: p = 2^((s - m) * scale * log2 e), scale = 1/sqrt(dh) (the split kernel's scaling of q)
+    const float sl2 = rsqrtf((float)DH) * 1.4426950408889634f;
+
+    float o[NT_O][4];
+#pragma unroll
+    for (int j = 0; j < NT_O; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running max (raw score) and this thread's sum
+
+    // ldmatrix lane addresses. A (Q, 16x16 per k-step): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in
+    // a0..a3 order, so lane l points at row l%16, column 8*(l/16). B (K rows = keys, non-trans): matrices
+    // (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15) = b0, b1 of n-tile j and
+    // b0, b1 of n-tile j+1: key l%8 + 8*(l/16), d 8*((l/8)%2). V (rows = keys, .trans): matrices (keys 0-7,
+    // d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15): key l%16, d 8*(l/16).
+    const uint16_t* q_lane = sQ + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;
+    const uint16_t* k_lane = sK + (lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8;
+    const uint16_t* v_lane = sV + (lane % 16) * LD + (lane / 16) * 8;
+
+    for (int kt = 0; kt < n_tiles; kt++) {
+        const int k0 = kt * BLOCK_N;
+        cp_async_wait<1>();  // this thread's K tile has landed (its V tile may still be in flight)
+        __syncthreads();     // everyone's K copies (and, on the first tile, the Q stores) are visible
+
+        // 3. S = Q K^T (raw scores, 16 x 64 per warp)
+        float s[NT_S][4];
+#pragma unroll
+        for (int j = 0; j < NT_S; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < DH / 16; ks++) {
+            uint32_t a[4];
+            ldmatrix_x4(a, q_lane + ks * 16);
+#pragma unroll
+            for (int j = 0; j < NT_S; j += 2) {
+                uint32_t b[4];
+                ldmatrix_x4(b, k_lane + j * 8 * LD + ks * 16);
+                mma_bf16(s[j], a, b[0], b[1]);
+                mma_bf16(s[j + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with sK: the next K tile may overwrite it
+        if (kt + 1 < n_tiles) load_kv_tile<DH>(sK, Kg, kvd, k0 + BLOCK_N, n_keys);
+        cp_async_commit();  // (possibly empty: keeps the group count uniform)
+
+        // 4. causal mask, only where the tile reaches past the first row's position: key > position -> -inf
+        //    (key 0 is in the first tile and visible to every row, so m is finite from the first tile on)
+        if (k0 + BLOCK_N - 1 > pos_min) {
+#pragma unroll
+            for (int j = 0; j < NT_S; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (k0 + j * 8 + 2 * (lane % 4) + (e & 1) > pos_r[e / 2]) s[j][e] = -INFINITY;
+        }
+
+        // 5. online softmax: new row max over the quad (the 4 lanes holding a row), rescale O and l, P = 2^...
+        float corr[2], msc[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = m[r];
+#pragma unroll
+            for (int j = 0; j < NT_S; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            corr[r] = exp2f((m[r] - mx) * sl2);  // 0 on the first tile (m = -inf)
+            m[r] = mx;
+            msc[r] = mx * sl2;
+        }
+        // P as the A operand of P V: k-step c (keys 16c..16c+15) is S n-tiles 2c (a0, a1) and 2c+1 (a2, a3)
+        uint32_t pa[BLOCK_N / 16][4];
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < NT_S; j++) {
+            const float p0 = exp2f(fmaf(s[j][0], sl2, -msc[0])), p1 = exp2f(fmaf(s[j][1], sl2, -msc[0]));
+            const float p2 = exp2f(fmaf(s[j][2], sl2, -msc[1])), p3 = exp2f(fmaf(s[j][3], sl2, -msc[1]));
+            rs[0] += p0 + p1, rs[1] += p2 + p3;
+            pa[j / 2][(j % 2) * 2] = pack_bf16x2(p0, p1);
+            pa[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(p2, p3);
+        }
+        l[0] = l[0] * corr[0] + rs[0], l[1] = l[1] * corr[1] + rs[1];
+#pragma unroll
+        for (int j = 0; j < NT_O; j++) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
+
+        cp_async_wait<1>();  // this thread's V tile has landed (the next K tile may still be in flight)
+        __syncthreads();
+
+        // 6. O += P V
+#pragma unroll
+        for (int c = 0; c < BLOCK_N / 16; c++) {
+#pragma unroll
+            for (int j = 0; j < NT_O; j += 2) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, v_lane + c * 16 * LD + j * 8);
+                mma_bf16(o[j], pa[c], b[0], b[1]);
+                mma_bf16(o[j + 1], pa[c], b[2], b[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with sV
+        if (kt + 1 < n_tiles) load_kv_tile<DH>(sV, Vg, kvd, k0 + BLOCK_N, n_keys);
+        cp_async_commit();
+    }
+
+    // 7. out = O / l * sigmoid(gate) (combine_kernel's arithmetic), rows of the span only
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = qr + 8 * r;
+        if (i >= n_rows) continue;
+        const int64_t t = row0 + r0 + i;
+        const float inv_l = 1.0f / l[r];
+        const float* gate = p.qg + t * p.Hq * 2 * DH + (int64_t)h * 2 * DH + DH;
+        float* dst = p.out + (t * p.Hq + h) * DH;
+#pragma unroll
+        for (int j = 0; j < NT_O; j++) {
+            const int d = j * 8 + 2 * (lane % 4);
+            const float2 g = *reinterpret_cast<const float2*>(gate + d);
+            *reinterpret_cast<float2*>(dst + d) =
+                make_float2(o[j][2 * r] * inv_l * sigmoidf_(g.x), o[j][2 * r + 1] * inv_l * sigmoidf_(g.y));
+        }
+    }
+}
+
+template <int DH>
+void launch_prefill(const attn_params& p, cudaStream_t stream) {
+    constexpr size_t smem = prefill_layout<DH>::SMEM;
+    static bool configured = false;  // per instantiation: allow > 48 KB of dynamic shared memory once
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+    // upper bound on the tiles of the long spans: sum of ceil(n/64) <= ceil(T/64) + n_spans
+    const int64_t tiles = ((int64_t)p.T + BLOCK_M - 1) / BLOCK_M + p.n_spans;
+    TANSY_CHECK(tiles <= 65535, "cuda attention prefill: %lld row tiles", (long long)tiles);
+    prefill_kernel<DH><<<dim3((unsigned)p.Hq, (unsigned)tiles), N_THREADS, smem, stream>>>(p);
+}
+
+}  // namespace
+
+void attention_prefill(const attn_params& p, cudaStream_t stream) {
+    if (p.T == 0 || !p.spans || p.max_span < k_attn_prefill_min_rows) return;  // no long span
+    TANSY_CHECK(p.Hkv > 0 && p.Hq % p.Hkv == 0, "cuda attention prefill: %d query heads over %d KV heads", p.Hq, p.Hkv);
+    switch (p.dh) {
+        case 256: launch_prefill<256>(p, stream); break;
+        default: TANSY_ABORT("cuda attention prefill: head_dim %d is not supported (256)", p.dh);
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tansy::cuda

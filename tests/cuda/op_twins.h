@@ -1,0 +1,62 @@
+// CUDA-vs-CPU op test helpers: one synthetic model bound to both backends, tensors with the same random contents
+// on both, and the model shapes the op tests run at (the tiny fixture's and the real Qwen3.6-35B-A3B's).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "cuda_test_util.h"
+#include "model/synthetic.h"
+
+namespace tansy::test {
+
+struct pair_of_backends {
+    model m;
+    std::unique_ptr<backend> cpu, gpu;
+};
+
+inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c) {
+    auto p = std::make_unique<pair_of_backends>();
+    synthetic_options so;
+    so.materialize = true;
+    so.seed = 7;
+    p->m = make_synthetic_model(c, so);
+    p->cpu = make_backend("cpu", c);
+    p->gpu = make_backend("cuda", c);
+    p->cpu->bind(p->m);
+    p->gpu->bind(p->m);
+    return p;
+}
+
+inline model_config tiny_config() {
+    return synthetic_config(fixture("tiny-qwen35moe-mlx4") + "/config.json", 4);
+}
+inline model_config real_config() {
+    return synthetic_config(fixture("qwen3.6-35b-a3b") + "/config.json", 4, 2048);
+}
+
+// A tensor with the same random contents on both backends.
+struct twin {
+    buffer c, g;
+    twin(pair_of_backends& p, int64_t rows, int64_t cols, uint32_t seed, float sd = 1.0f) {
+        c = p.cpu->alloc(rows, cols, dtype::f32);
+        g = p.gpu->alloc(rows, cols, dtype::f32);
+        auto v = random_normal((size_t)(rows * cols), seed, sd);
+        p.cpu->upload(c.t(), v.data());
+        p.gpu->upload(g.t(), v.data());
+    }
+    twin(pair_of_backends& p, int64_t rows, int64_t cols) {
+        c = p.cpu->alloc(rows, cols, dtype::f32);
+        g = p.gpu->alloc(rows, cols, dtype::f32);
+    }
+    double diff(pair_of_backends& p) const {
+        std::vector<float> a((size_t)c.t().numel()), b(a.size());
+        p.cpu->download(a.data(), c.t());
+        p.gpu->download(b.data(), g.t());
+        return rel_error(b, a);
+    }
+};
+
+inline vec_view vv(const std::vector<float>& v) { return {v.data(), (int64_t)v.size()}; }
+
+}  // namespace tansy::test

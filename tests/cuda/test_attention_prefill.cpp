@@ -1,0 +1,111 @@
+// The CUDA attention of prompt rows (attention_prefill: tensor-core causal flash attention for spans of at least
+// k_attn_prefill_min_rows rows, the split-K decode path for shorter ones) vs the CPU backend's fp32 attention, at
+// the real Qwen3.6-35B-A3B shapes (16/2 heads of 256) and the tiny fixture's (8/1 heads of 256): prompts from an
+// empty cache and after a cached prefix, odd lengths, partial last tiles, several long spans in one batch, long
+// spans mixed with single tokens of other sequences, and spans on both sides of the routing threshold.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/attention.cuh"  // k_attn_prefill_min_rows
+#include "op_twins.h"
+
+using namespace tansy;
+using namespace tansy::test;
+
+namespace {
+
+// CUDA rounds K/V (cache), Q and P (tensor-core operands) to bf16, 2^-9 relative each, with fp32 accumulation;
+// the errors are independent over the 256 terms of a score and over the keys of a row, so they average: a numpy
+// emulation of these roundings on these shapes gives ~3e-3 relative. 1e-2 leaves room; a wrong key, row or mask
+// bit moves a row at context n by ~1/sqrt(n) (>= 4e-2 for the contexts here) and a wrong tile far more.
+constexpr double TOL_PREFILL = 1e-2;
+// Any one row (Hq*dh values): the emulation's worst row is ~5e-3. It catches a single wrong key or a wrong
+// partial tile that the whole-batch error would dilute.
+constexpr double TOL_PREFILL_ROW = 2e-2;
+
+constexpr int64_t k_capacity = 512;  // KV rows per sequence: the longest here is 300 + 200 + 1
+
+struct seq_twin {
+    std::unique_ptr<seq_state> c, g;
+};
+
+// Relative Frobenius error of each row of got [rows, cols] against ref; returns the worst and its row.
+double worst_row_error(const std::vector<float>& got, const std::vector<float>& ref, int64_t row0, int64_t rows,
+                       int64_t cols, int64_t* worst) {
+    double w = 0;
+    *worst = -1;
+    for (int64_t r = row0; r < row0 + rows; r++) {
+        const std::vector<float> a(got.begin() + r * cols, got.begin() + (r + 1) * cols);
+        const std::vector<float> b(ref.begin() + r * cols, ref.begin() + (r + 1) * cols);
+        const double e = rel_error(a, b);
+        if (!(e <= w)) w = e, *worst = r;  // NaN counts as worst
+    }
+    return w;
+}
+
+// One forward step of the attention layer: parts are (sequence, rows) in batch order; fresh random q|gate, k, v.
+void step(pair_of_backends& p, std::vector<seq_twin>& seqs, const std::vector<std::pair<int, int>>& parts,
+          uint32_t& seed, const std::string& what) {
+    const model_config& c = p.m.cfg;
+    const layer_weights& al = p.m.w.layers[3];  // the first full-attention layer
+    std::vector<seq_span> sc, sg;
+    int64_t T = 0;
+    for (auto [s, n] : parts) {
+        sc.push_back({seqs[(size_t)s].c.get(), T, n, seqs[(size_t)s].c->n_past()});
+        sg.push_back({seqs[(size_t)s].g.get(), T, n, seqs[(size_t)s].g->n_past()});
+        T += n;
+    }
+    const int64_t cols = c.n_q_heads * c.head_dim;
+    twin qg(p, T, c.q_proj_rows(), seed++), k(p, T, c.kv_dim(), seed++), v(p, T, c.kv_dim(), seed++), out(p, T, cols);
+    p.cpu->attention(out.c.t(), qg.c.t(), k.c.t(), v.c.t(), al.attn, 0, sc);
+    p.gpu->attention(out.g.t(), qg.g.t(), k.g.t(), v.g.t(), al.attn, 0, sg);
+    std::vector<float> ref((size_t)(T * cols)), got(ref.size());
+    p.cpu->download(ref.data(), out.c.t());
+    p.gpu->download(got.data(), out.g.t());
+    EXPECT_LT(rel_error(got, ref), TOL_PREFILL) << what;
+    for (size_t i = 0; i < parts.size(); i++) {
+        int64_t worst = -1;
+        const double e = worst_row_error(got, ref, sg[i].row0, sg[i].n, cols, &worst);
+        EXPECT_LT(e, TOL_PREFILL_ROW) << what << ": span " << i << " (" << sg[i].n << " rows after " << sg[i].pos0
+                                      << "), worst row " << worst - sg[i].row0;
+    }
+    p.cpu->end_step(sc);
+    p.gpu->end_step(sg);
+    for (auto [s, n] : parts)
+        for (seq_state* st : {seqs[(size_t)s].c.get(), seqs[(size_t)s].g.get()}) st->set_n_past(st->n_past() + n);
+}
+
+void check_prefill(pair_of_backends& p) {
+    std::vector<seq_twin> seqs(5);
+    for (seq_twin& s : seqs) s.c = p.cpu->new_state(k_capacity), s.g = p.gpu->new_state(k_capacity);
+    uint32_t seed = 5000;
+    const int th = cuda::k_attn_prefill_min_rows;
+    // 5 tiles, the last of 44 rows; the key tiles line up with the query tiles
+    step(p, seqs, {{0, 300}}, seed, "300-row prompt, empty cache");
+    // prefix 300 (not a multiple of 64): each query tile's diagonal straddles two key tiles
+    step(p, seqs, {{0, 200}}, seed, "200 rows after a 300-row prefix");
+    step(p, seqs, {{1, 40}, {2, 3}}, seed, "40-row prompt + 3-row span");
+    // one long span between two single tokens of other sequences (both paths write their own rows)
+    step(p, seqs, {{1, 1}, {3, 129}, {2, 1}}, seed, "token + 129-row prompt + token");
+    // two long spans in one batch (the CTAs walk past the first span's tiles), odd lengths, one with a prefix
+    step(p, seqs, {{2, 77}, {1, 1}, {4, 77}}, seed, "77 rows after 4 + token + 77-row prompt");
+    // both sides of the routing threshold
+    step(p, seqs, {{3, th - 1}, {1, th}, {0, 1}}, seed, "spans of threshold-1, threshold, 1");
+    // plain decode afterwards: the decode path still sees the prompts' cache rows
+    step(p, seqs, {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}}, seed, "decode tokens");
+}
+
+}  // namespace
+
+TEST(cuda_attention_prefill, real_shapes) {
+    TANSY_REQUIRE_GPU();
+    auto p = make_pair(real_config());
+    check_prefill(*p);
+}
+
+TEST(cuda_attention_prefill, tiny_shapes) {
+    TANSY_REQUIRE_GPU();
+    auto p = make_pair(tiny_config());
+    check_prefill(*p);
+}

@@ -1,0 +1,162 @@
+// The CUDA Gated DeltaNet prefill path (gdn_prefill.cu: prep + register-resident scan, taken by spans of more
+// than k_gdn_recur_max_rows rows) against the CPU backend, and its hand-over to the decode kernel: a prompt
+// from an empty state, its continuation, single-token decode steps that must pick up the prefill's state and
+// conv window exactly, batches mixing long and single-token spans, both sides of the routing threshold, and
+// odd lengths; at the tiny fixture's shapes and the real Qwen3.6-35B-A3B ones (DeltaNet layer 0).
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/gdn.cuh"
+#include "op_twins.h"
+
+using namespace tansy;
+using namespace tansy::test;
+
+namespace {
+
+// fp32 on both sides, as TOL_FP32_OP of test_ops.cpp. The CPU evaluates spans of more than one row in the
+// chunked form (MODEL.md §4.7) while the GPU scans token by token; on these very steps the CPU's two forms
+// differ by <= 6.3e-7 (measured), so 2e-5 leaves room for the device's fast exp/rsqrt and the state's
+// error carried into later steps (the update is a contraction: it does not grow with span length).
+constexpr double TOL_GDN_PREFILL = 2e-5;
+// The prefill path against the decode kernel on the same inputs: the conv, norms and gates are bit-identical,
+// only the two 128-term dot products per token are summed in another order (~1e-7 relative per token).
+constexpr double TOL_GDN_SAME_MATH = 5e-6;
+
+// Sequences advanced on both backends through GDN layer 0, one forward step at a time.
+struct gdn_sequences {
+    pair_of_backends& p;
+    std::vector<std::unique_ptr<seq_state>> cpu, gpu;
+    uint32_t seed = 5000;
+
+    gdn_sequences(pair_of_backends& pb, int n, int64_t capacity) : p(pb) {
+        for (int i = 0; i < n; i++) {
+            cpu.push_back(p.cpu->new_state(capacity));
+            gpu.push_back(p.gpu->new_state(capacity));
+        }
+    }
+
+    // One step over spans {(sequence, rows)} laid out in this order; returns the relative error of the
+    // gated-normed output over the whole batch.
+    double step(const std::vector<std::pair<int, int>>& parts) {
+        const model_config& c = p.m.cfg;
+        const gdn_weights& w = p.m.w.layers[0].gdn;
+        int64_t T = 0;
+        std::vector<seq_span> sc, sg;
+        for (auto [s, n] : parts) {
+            sc.push_back({cpu[(size_t)s].get(), T, n, cpu[(size_t)s]->n_past()});
+            sg.push_back({gpu[(size_t)s].get(), T, n, gpu[(size_t)s]->n_past()});
+            T += n;
+        }
+        twin qkv(p, T, c.lin_conv_dim(), seed++), z(p, T, c.lin_value_dim(), seed++), b(p, T, c.lin_v_heads, seed++),
+            a(p, T, c.lin_v_heads, seed++), o(p, T, c.lin_value_dim());
+        p.cpu->gdn(o.c.t(), qkv.c.t(), z.c.t(), b.c.t(), a.c.t(), w, 0, sc, gdn_mode::auto_select);
+        p.gpu->gdn(o.g.t(), qkv.g.t(), z.g.t(), b.g.t(), a.g.t(), w, 0, sg, gdn_mode::auto_select);
+        const double err = o.diff(p);
+        p.cpu->end_step(sc);
+        p.gpu->end_step(sg);
+        for (auto [s, n] : parts) {
+            cpu[(size_t)s]->set_n_past(cpu[(size_t)s]->n_past() + n);
+            gpu[(size_t)s]->set_n_past(gpu[(size_t)s]->n_past() + n);
+        }
+        return err;
+    }
+};
+
+std::string describe(const std::vector<std::pair<int, int>>& parts) {
+    std::string s;
+    for (auto [q, n] : parts) s += (s.empty() ? "" : " + ") + std::string(1, (char)('A' + q)) + ":" + std::to_string(n);
+    return s;
+}
+
+void check_prefill(pair_of_backends& p) {
+    constexpr int A = 0, B = 1, C = 2;
+    constexpr int L = cuda::k_gdn_recur_max_rows;  // longest span the decode kernel takes
+    gdn_sequences seqs(p, 3, 1024);
+    const std::vector<std::vector<std::pair<int, int>>> steps = {
+        {{A, 300}},                      // a prompt from an empty state
+        {{A, 200}},                      // its continuation (state and conv window carried)
+        {{A, 1}},                        // decode steps right after a prefill
+        {{A, 1}},
+        {{A, 1}},
+        {{A, 1}, {B, L}, {C, L + 1}},    // both sides of the threshold; C starts inside a prep row tile
+        {{B, 20}, {C, 21}},              // two long spans, one row tile holding the end of one and start of the other
+        {{A, 129}, {B, 1}, {C, 1}},      // a long span with single-token spans of other sequences
+        {{A, 33}},                       // odd length: a 1-token last chunk
+        {{B, 1}, {A, 1}, {C, 1}},        // the final states and conv windows, through decode
+        {{A, 1}, {C, 1}, {B, 1}},
+        {{C, L + 2}, {A, 1}},            // a long span after decode steps (conv window written by the decode kernel)
+        {{C, 1}, {A, 1}},
+    };
+    for (const auto& parts : steps) EXPECT_LT(seqs.step(parts), TOL_GDN_PREFILL) << "gdn step " << describe(parts);
+}
+
+// One long span through the prefill path vs the same rows one decode step at a time (the decode kernel), on
+// the GPU alone; then one more decode step on both, which reads the two final states and conv windows.
+void check_against_decode(pair_of_backends& p, int n) {
+    const model_config& c = p.m.cfg;
+    const gdn_weights& w = p.m.w.layers[0].gdn;
+    backend& be = *p.gpu;
+    const int64_t C = c.lin_conv_dim(), V = c.lin_value_dim(), H = c.lin_v_heads;
+    const int T = n + 1;  // the span, then one decode token
+    const auto qkv = random_normal((size_t)(T * C), 71), z = random_normal((size_t)(T * V), 72),
+               b = random_normal((size_t)(T * H), 73), a = random_normal((size_t)(T * H), 74);
+    auto run = [&](bool prefill) {
+        auto st = be.new_state(256);
+        std::vector<float> out;
+        auto fwd = [&](int row0, int rows) {
+            buffer bq = be.alloc(rows, C, dtype::f32), bz = be.alloc(rows, V, dtype::f32);
+            buffer bb = be.alloc(rows, H, dtype::f32), ba = be.alloc(rows, H, dtype::f32);
+            buffer bo = be.alloc(rows, V, dtype::f32);
+            be.upload(bq.t(), qkv.data() + row0 * C);
+            be.upload(bz.t(), z.data() + row0 * V);
+            be.upload(bb.t(), b.data() + row0 * H);
+            be.upload(ba.t(), a.data() + row0 * H);
+            const std::vector<seq_span> sp = {{st.get(), 0, rows, st->n_past()}};
+            be.gdn(bo.t(), bq.t(), bz.t(), bb.t(), ba.t(), w, 0, sp, gdn_mode::auto_select);
+            be.end_step(sp);
+            st->set_n_past(st->n_past() + rows);
+            std::vector<float> o((size_t)(rows * V));
+            be.download(o.data(), bo.t());
+            out.insert(out.end(), o.begin(), o.end());
+        };
+        if (prefill)
+            fwd(0, n);
+        else
+            for (int r = 0; r < n; r++) fwd(r, 1);
+        fwd(n, 1);
+        return out;
+    };
+    const std::vector<float> scan = run(true), recur = run(false);
+    const size_t span_floats = (size_t)n * V;
+    EXPECT_LT(rel_error(std::vector<float>(scan.begin(), scan.begin() + span_floats),
+                              std::vector<float>(recur.begin(), recur.begin() + span_floats)),
+              TOL_GDN_SAME_MATH)
+        << n << "-row span";
+    EXPECT_LT(rel_error(std::vector<float>(scan.begin() + span_floats, scan.end()),
+                              std::vector<float>(recur.begin() + span_floats, recur.end())),
+              TOL_GDN_SAME_MATH)
+        << "decode step after a " << n << "-row span";
+}
+
+}  // namespace
+
+TEST(cuda_gdn_prefill, matches_decode_kernel) {
+    TANSY_REQUIRE_GPU();
+    auto p = make_pair(real_config());
+    for (int n : {cuda::k_gdn_recur_max_rows + 1, 100}) check_against_decode(*p, n);
+}
+
+TEST(cuda_gdn_prefill, tiny_shapes) {
+    TANSY_REQUIRE_GPU();
+    auto p = make_pair(tiny_config());
+    check_prefill(*p);
+}
+
+TEST(cuda_gdn_prefill, real_shapes) {
+    TANSY_REQUIRE_GPU();
+    auto p = make_pair(real_config());
+    check_prefill(*p);
+}

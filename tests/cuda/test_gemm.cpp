@@ -1,0 +1,330 @@
+// Tensor-core gemm (CUDA) vs its CPU twin on odd shapes with fresh random inputs, for every weight format and
+// epilogue, dense and grouped (the MoE work list from moe_plan, with ragged expert loads), plus moe_plan's
+// routing invariants and moe_combine.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/moe.cuh"
+#include "cuda_test_util.h"
+#include "op_twins.h"
+
+using namespace tansy;
+
+namespace {
+
+using cuda::dfmt;
+
+// Against a reference fed the same bf16-rounded operands, only the fp32 summation order differs.
+constexpr double TOL_GEMM_EMULATED = 2e-5;
+// Against the fp32 reference: both operands rounded to bf16 (2^-9 relative each) give ~1.6e-3 relative error
+// on dot products of random terms; 4e-3 leaves room without hiding a wrong term (those give O(1)).
+constexpr double TOL_GEMM_FP32 = 4e-3;
+
+float bf16_round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+// A random matrix in a checkpoint format on the host (matrix view) and on the device (dmat).
+struct test_matrix {
+    matrix m;
+    std::vector<uint32_t> words, sb;
+    std::vector<uint16_t> sc, bi, dense;
+    cuda::device_buffer dw, dsb;
+    cuda::dmat d;
+
+    test_matrix(dfmt f, int64_t rows, int64_t cols, uint32_t seed, int group = 64) {
+        std::mt19937 rng(seed);
+        m.rows = rows, m.cols = cols, m.name = "w";
+        if (f != dfmt::bf16) {
+            const int bits = f == dfmt::q4 ? 4 : 8;
+            words.resize((size_t)(rows * cols * bits / 32));
+            for (auto& w : words) w = rng();
+            const int64_t G = cols / group;
+            auto s = test::random_uniform((size_t)(rows * G), rng(), 0.001f, 0.05f);
+            auto b = test::random_uniform((size_t)(rows * G), rng(), -0.3f, 0.3f);
+            for (size_t i = 0; i < s.size(); i++) {
+                sc.push_back(f32_to_bf16(s[i]));
+                bi.push_back(f32_to_bf16(b[i]));
+                sb.push_back((uint32_t)sc.back() | ((uint32_t)bi.back() << 16));
+            }
+            m.fmt = wfmt::affine, m.type = dtype::bf16, m.bits = bits, m.group = group;
+            m.w = (const uint8_t*)words.data(), m.scales = (const uint8_t*)sc.data(), m.biases = (const uint8_t*)bi.data();
+        } else {
+            for (float x : test::random_normal((size_t)(rows * cols), rng(), 0.05f)) dense.push_back(f32_to_bf16(x));
+            m.fmt = wfmt::dense, m.type = dtype::bf16;
+            m.w = (const uint8_t*)dense.data();
+        }
+        dw = cuda::device_buffer(words.empty() ? dense.size() * 2 : words.size() * 4);
+        dw.upload(words.empty() ? (const void*)dense.data() : (const void*)words.data(), dw.size());
+        dsb = cuda::device_buffer(std::max<size_t>(sb.size(), 1) * 4);
+        if (!sb.empty()) dsb.upload(sb.data(), sb.size() * 4);
+        d.fmt = f, d.rows = rows, d.cols = cols, d.group = f == dfmt::bf16 ? 0 : group;
+        d.w = (const uint32_t*)dw.get();
+        d.sb = sb.empty() ? nullptr : (const uint32_t*)dsb.get();
+    }
+    // Row r as the kernel sees it: dequantised, rounded to bf16 (or not).
+    std::vector<float> row(int64_t r, bool round) const {
+        std::vector<float> v((size_t)m.cols);
+        m.row_f32(r, v.data());
+        if (round)
+            for (float& x : v) x = bf16_round(x);
+        return v;
+    }
+};
+
+// y[t, n] = sum_k x[t, k] W[row_of(n), k] in fp32 (operands optionally bf16-rounded as the kernel does)
+std::vector<float> reference(const test_matrix& W, const std::vector<float>& x, int64_t T, int64_t row0, int64_t N,
+                             bool round) {
+    const int64_t K = W.m.cols;
+    std::vector<float> xr = x;
+    if (round)
+        for (float& v : xr) v = bf16_round(v);
+    std::vector<float> y((size_t)(T * N));
+    for (int64_t n = 0; n < N; n++) {
+        const std::vector<float> w = W.row(row0 + n, round);
+        for (int64_t t = 0; t < T; t++) y[(size_t)(t * N + n)] = cpu::dot(xr.data() + t * K, w.data(), K);
+    }
+    return y;
+}
+
+float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+template <class T>
+cuda::device_buffer to_device(const std::vector<T>& v) {
+    cuda::device_buffer b(std::max<size_t>(v.size(), 1) * sizeof(T));
+    if (!v.empty()) b.upload(v.data(), v.size() * sizeof(T));
+    return b;
+}
+template <class T>
+std::vector<T> from_device(const cuda::device_buffer& b, size_t n) {
+    std::vector<T> v(n);
+    b.download(v.data(), n * sizeof(T));
+    return v;
+}
+
+}  // namespace
+
+struct gemm_case {
+    int fmt;  // 0 q4, 1 q8, 2 bf16
+    int64_t N, K;
+    int M;
+    bool accumulate;
+};
+
+class cuda_gemm : public ::testing::TestWithParam<gemm_case> {};
+
+TEST_P(cuda_gemm, dense_store_matches_cpu_twin) {
+    TANSY_REQUIRE_GPU();
+    const gemm_case g = GetParam();
+    const dfmt f = g.fmt == 0 ? dfmt::q4 : g.fmt == 1 ? dfmt::q8 : dfmt::bf16;
+    const uint32_t seed = (uint32_t)(g.N * 131 + g.K * 7 + g.M);
+    test_matrix W(f, g.N, g.K, seed);
+    auto x = test::random_normal((size_t)(g.M * g.K), seed + 1, 2.0f);
+    auto y0 = test::random_normal((size_t)(g.M * g.N), seed + 2);
+    // two output tensors (a split at an odd row) to exercise the segments
+    const int64_t split = g.N / 3 | 1;
+    auto dx = to_device(x);
+    std::vector<float> y0a, y0b;
+    for (int64_t t = 0; t < g.M; t++) {
+        y0a.insert(y0a.end(), y0.begin() + t * g.N, y0.begin() + t * g.N + split);
+        y0b.insert(y0b.end(), y0.begin() + t * g.N + split, y0.begin() + (t + 1) * g.N);
+    }
+    auto da = to_device(y0a), db = to_device(y0b);
+    cuda::gemm_params p;
+    p.W = W.d, p.N = g.N, p.x = (const float*)dx.get(), p.ldx = g.K, p.M = g.M;
+    p.seg[0] = {(float*)da.get(), split, 0};
+    p.seg[1] = {(float*)db.get(), g.N - split, split};
+    p.n_seg = 2, p.accumulate = g.accumulate;
+    cuda::gemm(p, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto ga = from_device<float>(da, y0a.size()), gb = from_device<float>(db, y0b.size());
+    std::vector<float> got;
+    for (int64_t t = 0; t < g.M; t++) {
+        got.insert(got.end(), ga.begin() + t * split, ga.begin() + (t + 1) * split);
+        got.insert(got.end(), gb.begin() + t * (g.N - split), gb.begin() + (t + 1) * (g.N - split));
+    }
+    for (bool round : {true, false}) {
+        auto want = reference(W, x, g.M, 0, g.N, round);
+        if (g.accumulate)
+            for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
+        EXPECT_LT(test::rel_error(got, want), round ? TOL_GEMM_EMULATED : TOL_GEMM_FP32) << (round ? "bf16-emulated" : "fp32");
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(shapes, cuda_gemm,
+                         ::testing::Values(gemm_case{0, 200, 256, 33, false}, gemm_case{0, 4096 + 64, 2048, 100, true},
+                                           gemm_case{0, 1000, 4096, 129, false}, gemm_case{0, 64, 64, 1, false},
+                                           gemm_case{0, 257, 512, 64, true}, gemm_case{1, 257, 2048, 64, false},
+                                           gemm_case{1, 33, 192, 70, true}, gemm_case{2, 130, 512, 77, false},
+                                           gemm_case{2, 2048, 128, 31, true}));
+
+// Dense SwiGLU epilogue (the shared expert): out = silu(x Wg^T) * (x Wu^T).
+TEST(cuda_gemm_swiglu, dense_matches_cpu_twin) {
+    TANSY_REQUIRE_GPU();
+    for (auto [N, K, M] : {std::tuple<int64_t, int64_t, int>{512, 2048, 97}, {64, 256, 40}, {100, 128, 3}}) {
+        test_matrix Wg(dfmt::q4, N, K, 11 + (uint32_t)N), Wu(dfmt::q4, N, K, 12 + (uint32_t)N);
+        auto x = test::random_normal((size_t)(M * K), 13, 1.0f);
+        auto dx = to_device(x);
+        cuda::device_buffer dout((size_t)(M * N) * 4);
+        cuda::gemm_params p;
+        p.W = Wg.d, p.W2 = Wu.d, p.N = N, p.x = (const float*)dx.get(), p.ldx = K, p.M = M;
+        p.epi = cuda::gemm_epilogue::swiglu, p.out = (float*)dout.get(), p.ldo = N;
+        cuda::gemm(p, 0);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        auto got = from_device<float>(dout, (size_t)(M * N));
+        for (bool round : {true, false}) {
+            auto g = reference(Wg, x, M, 0, N, round), u = reference(Wu, x, M, 0, N, round);
+            std::vector<float> want(g.size());
+            for (size_t i = 0; i < g.size(); i++) want[i] = silu(g[i]) * u[i];
+            EXPECT_LT(test::rel_error(got, want), round ? TOL_GEMM_EMULATED : 2 * TOL_GEMM_FP32)
+                << N << "x" << K << " M=" << M << (round ? " bf16-emulated" : " fp32");  // 2x: two products
+        }
+    }
+}
+
+// Routed experts: moe_plan over ragged loads (an expert with most tokens, experts with none), then the grouped
+// gate/up (SwiGLU, rows gathered per slot) and down (sorted rows), then the combine, vs the CPU per slot.
+TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
+    TANSY_REQUIRE_GPU();
+    const int E = 16, k = 4;
+    const int64_t D = 256, F = 128;
+    for (int T : {1, 37, 300}) {
+        std::mt19937 rng(1000 + T);
+        std::vector<int32_t> idx((size_t)T * k);
+        for (int t = 0; t < T; t++) {  // distinct experts per token; expert 3 is picked by most tokens, 7..9 never
+            std::vector<int32_t> pool;
+            for (int e = 0; e < E; e++)
+                if (e < 7 || e > 9) pool.push_back(e);
+            std::shuffle(pool.begin(), pool.end(), rng);
+            if (rng() % 8 != 0) std::iter_swap(pool.begin(), std::find(pool.begin(), pool.end(), 3));
+            for (int j = 0; j < k; j++) idx[(size_t)t * k + j] = pool[(size_t)j];
+        }
+        auto wt = test::random_uniform((size_t)T * k, 5, 0.0f, 1.0f);
+        auto sig = test::random_uniform((size_t)T, 6, 0.0f, 1.0f);
+        test_matrix Wg(dfmt::q4, E * F, D, 21), Wu(dfmt::q4, E * F, D, 22), Wd(dfmt::q4, E * D, F, 23);
+        auto x = test::random_normal((size_t)T * D, 24, 1.0f);
+        auto ys = test::random_normal((size_t)T * D, 25, 1.0f);  // stands in for the shared expert's output
+        auto res = test::random_normal((size_t)T * D, 26, 1.0f);  // the residual stream
+
+        const int max_tiles = cuda::moe_max_tiles(T, E, k);
+        auto didx = to_device(idx), dx = to_device(x), dwt = to_device(wt), dsig = to_device(sig), dys = to_device(ys),
+             dres = to_device(res);
+        cuda::device_buffer perm((size_t)T * k * 4), pos((size_t)T * k * 4), tiles((size_t)max_tiles * sizeof(cuda::gemm_tile)),
+            ntiles(4), h((size_t)T * k * F * 4), y((size_t)T * k * D * 4);
+        cuda::moe_plan((int32_t*)perm.get(), (int32_t*)pos.get(), (cuda::gemm_tile*)tiles.get(), (int32_t*)ntiles.get(),
+                       (const int32_t*)didx.get(), T, E, k, 0);
+        cuda::gemm_params g;
+        g.W = Wg.d, g.W2 = Wu.d, g.N = F, g.x = (const float*)dx.get(), g.ldx = D;
+        g.gather = (const int32_t*)perm.get(), g.gather_div = k;
+        g.tiles = (const cuda::gemm_tile*)tiles.get(), g.n_tiles = (const int32_t*)ntiles.get(), g.max_tiles = max_tiles;
+        g.epi = cuda::gemm_epilogue::swiglu, g.out = (float*)h.get(), g.ldo = F;
+        cuda::gemm(g, 0);
+        cuda::gemm_params d = g;
+        d.W = Wd.d, d.W2 = {}, d.N = D, d.x = (const float*)h.get(), d.ldx = F, d.gather = nullptr;
+        d.epi = cuda::gemm_epilogue::rows, d.out = (float*)y.get(), d.ldo = D;
+        cuda::gemm(d, 0);
+        cuda::moe_combine((float*)dres.get(), D, (const float*)y.get(), (const float*)dys.get(), (const int32_t*)pos.get(),
+                          (const float*)dwt.get(), (const float*)dsig.get(), T, k, D, 0);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+        // plan invariants: perm is a permutation sorted by expert, pos_of its inverse, tiles cover each expert
+        auto hp = from_device<int32_t>(perm, (size_t)T * k), hpos = from_device<int32_t>(pos, (size_t)T * k);
+        const int nt = from_device<int32_t>(ntiles, 1)[0];
+        auto ht = from_device<cuda::gemm_tile>(tiles, (size_t)max_tiles);
+        std::vector<int> seen((size_t)T * k, 0);
+        for (int p = 0; p < T * k; p++) {
+            ASSERT_GE(hp[(size_t)p], 0);
+            ASSERT_LT(hp[(size_t)p], T * k);
+            seen[(size_t)hp[(size_t)p]]++;
+            EXPECT_EQ(hpos[(size_t)hp[(size_t)p]], p);
+            if (p > 0) {
+                EXPECT_LE(idx[(size_t)hp[(size_t)p - 1]], idx[(size_t)hp[(size_t)p]]) << "sorted by expert";
+            }
+        }
+        for (int s : seen) EXPECT_EQ(s, 1);
+        ASSERT_LE(nt, max_tiles);
+        int covered = 0;
+        for (int i = 0; i < nt; i++) {
+            const cuda::gemm_tile& tl = ht[(size_t)i];
+            ASSERT_GT(tl.rows, 0);
+            ASSERT_LE(tl.rows, cuda::k_gemm_bm);
+            EXPECT_EQ(tl.row0, covered);
+            for (int r = tl.row0; r < tl.row0 + tl.rows; r++) EXPECT_EQ(idx[(size_t)hp[(size_t)r]], tl.expert);
+            covered += tl.rows;
+        }
+        EXPECT_EQ(covered, T * k);
+
+        // numerics per slot (fp32 reference, bf16-rounded operands as in the kernel)
+        auto gh = from_device<float>(h, (size_t)T * k * F), gy = from_device<float>(dres, (size_t)T * D);
+        std::vector<float> want_h((size_t)T * k * F), got_h(want_h.size()), want = res;
+        for (int t = 0; t < T; t++) {
+            std::vector<float> xt(x.begin() + (size_t)t * D, x.begin() + (size_t)(t + 1) * D);
+            for (size_t i = 0; i < (size_t)D; i++) want[(size_t)t * D + i] += sig[(size_t)t] * ys[(size_t)t * D + i];
+            for (int j = 0; j < k; j++) {
+                const int e = idx[(size_t)t * k + j], p = hpos[(size_t)t * k + j];
+                auto gg = reference(Wg, xt, 1, (int64_t)e * F, F, true), uu = reference(Wu, xt, 1, (int64_t)e * F, F, true);
+                std::vector<float> hh((size_t)F);
+                for (size_t i = 0; i < (size_t)F; i++) hh[i] = silu(gg[i]) * uu[i];
+                std::copy(hh.begin(), hh.end(), want_h.begin() + ((size_t)t * k + j) * F);
+                std::copy(gh.begin() + (size_t)p * F, gh.begin() + (size_t)(p + 1) * F, got_h.begin() + ((size_t)t * k + j) * F);
+                // down from the GPU's own h (isolates the down GEMM from the gate/up rounding)
+                std::vector<float> hg(gh.begin() + (size_t)p * F, gh.begin() + (size_t)(p + 1) * F);
+                auto yy = reference(Wd, hg, 1, (int64_t)e * D, D, true);
+                for (size_t i = 0; i < (size_t)D; i++) want[(size_t)t * D + i] += wt[(size_t)t * k + j] * yy[i];
+            }
+        }
+        EXPECT_LT(test::rel_error(got_h, want_h), TOL_GEMM_EMULATED) << "gate/up T=" << T;
+        EXPECT_LT(test::rel_error(gy, want), TOL_GEMM_EMULATED) << "down + combine T=" << T;
+    }
+}
+
+// The backend ops that switch to the tensor-core path for many rows (fused projections, residual matmul, the
+// whole MoE block with grouped experts), vs the CPU backend on tiny and real shapes.
+namespace {
+
+// bf16 operands (see TOL_GEMM_FP32); the MoE output adds the routed and shared experts on top of that.
+constexpr double TOL_GEMM_OP = 4e-3;
+
+void check_many_rows(test::pair_of_backends& p) {
+    using test::twin;
+    const model_config& c = p.m.cfg;
+    const layer_weights& gl = p.m.w.layers[0];
+    const layer_weights& al = p.m.w.layers[3];
+    for (int T : {32, 77, 300}) {
+        twin x(p, T, c.hidden, 200 + T, 2.0f), z(p, T, c.lin_value_dim(), 300 + T);
+        twin qkv(p, T, c.lin_conv_dim()), b(p, T, c.lin_v_heads), a(p, T, c.lin_v_heads);
+        twin qg(p, T, c.q_proj_rows()), k(p, T, c.kv_dim()), v(p, T, c.kv_dim());
+        twin xm(p, T, c.hidden, 400 + T, 2.0f);
+        for (auto* be : {p.cpu.get(), p.gpu.get()}) {
+            const bool g = be == p.gpu.get();
+            auto pick = [&](twin& t) { return g ? t.g.t() : t.c.t(); };
+            be->project({pick(qkv), pick(z), pick(b), pick(a)}, pick(x), test::vv(gl.input_norm), c.eps,
+                        {&gl.gdn.in_qkv, &gl.gdn.in_z, &gl.gdn.in_b, &gl.gdn.in_a});
+            be->project({pick(qg), pick(k), pick(v)}, pick(x), test::vv(al.input_norm), c.eps,
+                        {&al.attn.q_proj, &al.attn.k_proj, &al.attn.v_proj});
+            be->matmul(pick(x), pick(z), gl.gdn.out_proj, true);
+            be->moe(pick(xm), test::vv(gl.post_norm), c.eps, gl.moe);
+        }
+        for (twin* t : {&qkv, &z, &b, &a, &qg, &k, &v}) EXPECT_LT(t->diff(p), TOL_GEMM_OP) << "project T=" << T;
+        EXPECT_LT(x.diff(p), TOL_GEMM_OP) << "matmul accumulate T=" << T;
+        EXPECT_LT(xm.diff(p), TOL_GEMM_OP) << "moe T=" << T;
+    }
+}
+
+}  // namespace
+
+TEST(cuda_gemm_ops, tiny_shapes) {
+    TANSY_REQUIRE_GPU();
+    auto p = test::make_pair(test::tiny_config());
+    check_many_rows(*p);
+}
+
+TEST(cuda_gemm_ops, real_shapes) {
+    TANSY_REQUIRE_GPU();
+    auto p = test::make_pair(test::real_config());
+    check_many_rows(*p);
+}
