@@ -20,7 +20,7 @@ rc=0
 if [ "$what" = test ] || [ "$what" = all ]; then
   ctest --test-dir build-dev -L cuda --output-on-failure --timeout 150 -j 1 > "$OUT/ctest-cuda.log" 2>&1 || rc=1
   grep -E "tests passed|tests failed|\*\*\*Failed" "$OUT/ctest-cuda.log" | head -20
-  build-dev/tests/tansy_cuda_tests --gtest_filter='cuda_model.*' 2>&1 | grep -E "^\[ (tiny|real)" | tee "$OUT/cuda-model.txt"
+  build-dev/tests/tansy_cuda_tests --gtest_filter='cuda_model.*' 2>&1 | grep -E "^\[ (tiny|real|paths)" | tee "$OUT/cuda-model.txt"
   if command -v compute-sanitizer >/dev/null; then
     timeout 200 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
       build-dev/tests/tansy_cuda_tests --gtest_filter='cuda_gemv*:cuda_ops.tiny_shapes:cuda_ops.embed*:cuda_model.graphs*:cuda_rms*' \
@@ -34,7 +34,7 @@ if [ "$what" = gtest ]; then
   grep -E "^\[  (FAILED|PASSED) |^\[ +OK|^\[ (tiny|real|paths)|Failure|rel_error|error|Expected|Which is|actual|ERROR SUMMARY" "$OUT/gtest.log" | head -${GTEST_LINES:-80}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  timeout 300 build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json "$@" \
+  timeout ${BENCH_TIMEOUT:-560} build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json "$@" \
     --json > "$OUT/bench.json" 2> "$OUT/bench.log" || { tail -20 "$OUT/bench.log"; rc=1; }
   cat "$OUT/bench.log"
 fi
@@ -43,6 +43,13 @@ if [ "$what" = profile ]; then
   ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
     -k regex:'^(?!.*synth)' build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
     --contexts ${PROFILE_CONTEXT:-2048} --batches none --prompts none --steps 1 --runs 1 --warmup 0 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
+  python3 scripts/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt"
+fi
+if [ "$what" = profile-prefill ]; then
+  # per-kernel time of one prefill of ${PROFILE_PROMPT:-2048} tokens (the warm-up and the timed run: halve the totals)
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv -k regex:'^(?!.*synth)' \
+    build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
+    --contexts none --batches none --prompts ${PROFILE_PROMPT:-2048} --runs 1 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
   python3 scripts/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt"
 fi
 if [ "$what" = detail ]; then

@@ -125,6 +125,8 @@ class backend {
 struct backend_options {
     uint64_t synthetic_seed = 1;  // weights a backend generates for a synthetic model (model::synthetic)
     float router_skew = 0.0f;     // > 0: synthetic routing prefers some experts (Zipf-like), as real traffic does
+    // Matrix products over many rows (prompts) with ~fp32 accuracy (split bf16 operands) instead of bf16 inputs.
+    bool precise_gemm = false;
 };
 
 std::unique_ptr<backend> make_cpu_backend(const model_config& cfg);

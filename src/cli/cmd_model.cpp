@@ -26,6 +26,9 @@ void add_engine_options(arg_parser& p) {
                 "auto (default: the checkpoint's format), q4 (quantise a bf16 checkpoint at load, as tansy convert "
                 "does) or bf16")
         .option("--prefill-chunk", "N", "prompt tokens per forward step (default 4096): bounds the activation memory")
+        .option("--gemm", "MODE",
+                "cuda prompt processing: fast (bf16 tensor-core inputs, the default) or precise (bf16 hi + lo pairs: "
+                "~fp32 results, slower)")
         .option("--verbose", "", "log loading details", "-v");
 }
 
@@ -36,6 +39,9 @@ engine_options engine_options_from(const arg_parser& p) {
     o.threads = (int)p.integer("--threads", 0);
     if (o.threads < 0) fail("--threads must be >= 0");
     o.weights = p.str("--weights", "auto");
+    const std::string gm = p.str("--gemm", "fast");
+    if (gm != "fast" && gm != "precise") fail("--gemm must be fast or precise, got '%s'", gm.c_str());
+    o.backend_opt.precise_gemm = gm == "precise";
     if (p.has("--prefill-chunk")) {
         o.prefill_chunk = p.integer("--prefill-chunk", 0);
         if (o.prefill_chunk < 1) fail("--prefill-chunk must be >= 1 token");

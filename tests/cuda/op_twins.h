@@ -15,14 +15,16 @@ struct pair_of_backends {
     std::unique_ptr<backend> cpu, gpu;
 };
 
-inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c) {
+inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c, bool precise_gemm = false) {
     auto p = std::make_unique<pair_of_backends>();
     synthetic_options so;
     so.materialize = true;
     so.seed = 7;
     p->m = make_synthetic_model(c, so);
     p->cpu = make_backend("cpu", c);
-    p->gpu = make_backend("cuda", c);
+    backend_options bo;
+    bo.precise_gemm = precise_gemm;
+    p->gpu = make_backend("cuda", c, bo);
     p->cpu->bind(p->m);
     p->gpu->bind(p->m);
     return p;

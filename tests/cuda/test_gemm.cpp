@@ -20,13 +20,25 @@ namespace {
 
 using cuda::dfmt;
 
-// Against a reference fed the same bf16-rounded operands, only the fp32 summation order differs.
+// Against a reference fed the same fp16-rounded operands, only the fp32 summation order differs.
 constexpr double TOL_GEMM_EMULATED = 2e-5;
-// Against the fp32 reference: both operands rounded to bf16 (2^-9 relative each) give ~1.6e-3 relative error
-// on dot products of random terms; 4e-3 leaves room without hiding a wrong term (those give O(1)).
-constexpr double TOL_GEMM_FP32 = 4e-3;
+// Against the fp32 reference: both operands rounded to fp16 (2^-11 relative each) give ~4e-4 relative error on
+// dot products of random terms, up to ~3x that for short rows (K = 64); a wrong term gives O(1).
+constexpr double TOL_GEMM_FP32 = 2.5e-3;
+// precise mode (bf16 hi + lo operands, three products): each operand keeps ~17 bits, the dropped lo x lo term is
+// 2^-18 relative; dot products land near 1e-5 of the fp32 result.
+constexpr double TOL_GEMM_PRECISE = 3e-5;
 
-float bf16_round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+// v as the fast kernel rounds it: fp16 (11 significant bits, subnormals below 2^-14), clamped to its range.
+float f16_round(float v) {
+    v = std::clamp(v, -65504.0f, 65504.0f);
+    const float a = std::fabs(v);
+    if (a < 6.103515625e-05f) return std::nearbyint(v * 16777216.0f) / 16777216.0f;  // multiples of 2^-24
+    int e = 0;
+    std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): spacing 2^(e - 11)
+    const float q = std::ldexp(1.0f, e - 11);
+    return std::clamp(std::nearbyint(v / q) * q, -65504.0f, 65504.0f);
+}
 
 // A random matrix in a checkpoint format on the host (matrix view) and on the device (dmat).
 struct test_matrix {
@@ -66,23 +78,23 @@ struct test_matrix {
         d.w = (const uint32_t*)dw.get();
         d.sb = sb.empty() ? nullptr : (const uint32_t*)dsb.get();
     }
-    // Row r as the kernel sees it: dequantised, rounded to bf16 (or not).
+    // Row r as the fast kernel sees it: dequantised, rounded to fp16 (or not).
     std::vector<float> row(int64_t r, bool round) const {
         std::vector<float> v((size_t)m.cols);
         m.row_f32(r, v.data());
         if (round)
-            for (float& x : v) x = bf16_round(x);
+            for (float& x : v) x = f16_round(x);
         return v;
     }
 };
 
-// y[t, n] = sum_k x[t, k] W[row_of(n), k] in fp32 (operands optionally bf16-rounded as the kernel does)
+// y[t, n] = sum_k x[t, k] W[row_of(n), k] in fp32 (operands optionally fp16-rounded as the fast kernel does)
 std::vector<float> reference(const test_matrix& W, const std::vector<float>& x, int64_t T, int64_t row0, int64_t N,
                              bool round) {
     const int64_t K = W.m.cols;
     std::vector<float> xr = x;
     if (round)
-        for (float& v : xr) v = bf16_round(v);
+        for (float& v : xr) v = f16_round(v);
     std::vector<float> y((size_t)(T * N));
     for (int64_t n = 0; n < N; n++) {
         const std::vector<float> w = W.row(row0 + n, round);
@@ -133,25 +145,30 @@ TEST_P(cuda_gemm, dense_store_matches_cpu_twin) {
         y0a.insert(y0a.end(), y0.begin() + t * g.N, y0.begin() + t * g.N + split);
         y0b.insert(y0b.end(), y0.begin() + t * g.N + split, y0.begin() + (t + 1) * g.N);
     }
-    auto da = to_device(y0a), db = to_device(y0b);
-    cuda::gemm_params p;
-    p.W = W.d, p.N = g.N, p.x = (const float*)dx.get(), p.ldx = g.K, p.M = g.M;
-    p.seg[0] = {(float*)da.get(), split, 0};
-    p.seg[1] = {(float*)db.get(), g.N - split, split};
-    p.n_seg = 2, p.accumulate = g.accumulate;
-    cuda::gemm(p, 0);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    auto ga = from_device<float>(da, y0a.size()), gb = from_device<float>(db, y0b.size());
-    std::vector<float> got;
-    for (int64_t t = 0; t < g.M; t++) {
-        got.insert(got.end(), ga.begin() + t * split, ga.begin() + (t + 1) * split);
-        got.insert(got.end(), gb.begin() + t * (g.N - split), gb.begin() + (t + 1) * (g.N - split));
-    }
-    for (bool round : {true, false}) {
-        auto want = reference(W, x, g.M, 0, g.N, round);
-        if (g.accumulate)
-            for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
-        EXPECT_LT(test::rel_error(got, want), round ? TOL_GEMM_EMULATED : TOL_GEMM_FP32) << (round ? "bf16-emulated" : "fp32");
+    for (bool precise : {false, true}) {
+        auto da = to_device(y0a), db = to_device(y0b);
+        cuda::gemm_params p;
+        p.precise = precise;
+        p.W = W.d, p.N = g.N, p.x = (const float*)dx.get(), p.ldx = g.K, p.M = g.M;
+        p.seg[0] = {(float*)da.get(), split, 0};
+        p.seg[1] = {(float*)db.get(), g.N - split, split};
+        p.n_seg = 2, p.accumulate = g.accumulate;
+        cuda::gemm(p, 0);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        auto ga = from_device<float>(da, y0a.size()), gb = from_device<float>(db, y0b.size());
+        std::vector<float> got;
+        for (int64_t t = 0; t < g.M; t++) {
+            got.insert(got.end(), ga.begin() + t * split, ga.begin() + (t + 1) * split);
+            got.insert(got.end(), gb.begin() + t * (g.N - split), gb.begin() + (t + 1) * (g.N - split));
+        }
+        for (bool round : {true, false}) {
+            if (precise && round) continue;
+            auto want = reference(W, x, g.M, 0, g.N, round);
+            if (g.accumulate)
+                for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
+            const double tol = precise ? TOL_GEMM_PRECISE : round ? TOL_GEMM_EMULATED : TOL_GEMM_FP32;
+            EXPECT_LT(test::rel_error(got, want), tol) << (precise ? "precise" : round ? "fp16-emulated" : "fp32");
+        }
     }
 }
 
@@ -161,6 +178,29 @@ INSTANTIATE_TEST_SUITE_P(shapes, cuda_gemm,
                                            gemm_case{0, 257, 512, 64, true}, gemm_case{1, 257, 2048, 64, false},
                                            gemm_case{1, 33, 192, 70, true}, gemm_case{2, 130, 512, 77, false},
                                            gemm_case{2, 2048, 128, 31, true}));
+
+// Fast mode with activations past the fp16 range: a_scale 2^-4 keeps them exact to fp16 precision; without it
+// they saturate (finite, never inf or NaN).
+TEST(cuda_gemm_scale, large_activations) {
+    TANSY_REQUIRE_GPU();
+    const int64_t N = 96, K = 512;
+    const int M = 40;
+    test_matrix W(dfmt::q4, N, K, 77);
+    auto x = test::random_normal((size_t)(M * K), 78, 3e4f);  // ~3% of the values beyond 65504
+    auto dx = to_device(x);
+    cuda::device_buffer dy((size_t)(M * N) * 4);
+    for (float scale : {1.0f / 16.0f, 1.0f}) {
+        cuda::gemm_params p;
+        p.W = W.d, p.N = N, p.x = (const float*)dx.get(), p.ldx = K, p.M = M, p.a_scale = scale;
+        p.seg[0] = {(float*)dy.get(), N, 0};
+        cuda::gemm(p, 0);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        auto got = from_device<float>(dy, (size_t)(M * N));
+        for (float v : got) ASSERT_TRUE(std::isfinite(v));
+        if (scale == 1.0f) continue;
+        EXPECT_LT(test::rel_error(got, reference(W, x, M, 0, N, false)), TOL_GEMM_FP32);
+    }
+}
 
 // Dense SwiGLU epilogue (the shared expert): out = silu(x Wg^T) * (x Wu^T).
 TEST(cuda_gemm_swiglu, dense_matches_cpu_twin) {
@@ -181,7 +221,7 @@ TEST(cuda_gemm_swiglu, dense_matches_cpu_twin) {
             std::vector<float> want(g.size());
             for (size_t i = 0; i < g.size(); i++) want[i] = silu(g[i]) * u[i];
             EXPECT_LT(test::rel_error(got, want), round ? TOL_GEMM_EMULATED : 2 * TOL_GEMM_FP32)
-                << N << "x" << K << " M=" << M << (round ? " bf16-emulated" : " fp32");  // 2x: two products
+                << N << "x" << K << " M=" << M << (round ? " fp16-emulated" : " fp32");  // 2x: two products
         }
     }
 }
@@ -258,7 +298,7 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
         }
         EXPECT_EQ(covered, T * k);
 
-        // numerics per slot (fp32 reference, bf16-rounded operands as in the kernel)
+        // numerics per slot (fp32 reference, fp16-rounded operands as in the fast kernel)
         auto gh = from_device<float>(h, (size_t)T * k * F), gy = from_device<float>(dres, (size_t)T * D);
         std::vector<float> want_h((size_t)T * k * F), got_h(want_h.size()), want = res;
         for (int t = 0; t < T; t++) {
@@ -286,10 +326,12 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
 // whole MoE block with grouped experts), vs the CPU backend on tiny and real shapes.
 namespace {
 
-// bf16 operands (see TOL_GEMM_FP32); the MoE output adds the routed and shared experts on top of that.
-constexpr double TOL_GEMM_OP = 4e-3;
+// fp16 operands (see TOL_GEMM_FP32), compounded through the MoE's chained products (gate/up, SwiGLU, down).
+constexpr double TOL_GEMM_OP = 3e-3;
+// precise GEMMs: only the fp32 summation order and ~2^-17 operand residue differ.
+constexpr double TOL_GEMM_OP_PRECISE = 1e-4;
 
-void check_many_rows(test::pair_of_backends& p) {
+void check_many_rows(test::pair_of_backends& p, bool precise) {
     using test::twin;
     const model_config& c = p.m.cfg;
     const layer_weights& gl = p.m.w.layers[0];
@@ -309,9 +351,12 @@ void check_many_rows(test::pair_of_backends& p) {
             be->matmul(pick(x), pick(z), gl.gdn.out_proj, true);
             be->moe(pick(xm), test::vv(gl.post_norm), c.eps, gl.moe);
         }
-        for (twin* t : {&qkv, &z, &b, &a, &qg, &k, &v}) EXPECT_LT(t->diff(p), TOL_GEMM_OP) << "project T=" << T;
-        EXPECT_LT(x.diff(p), TOL_GEMM_OP) << "matmul accumulate T=" << T;
-        EXPECT_LT(xm.diff(p), TOL_GEMM_OP) << "moe T=" << T;
+        const double tol = precise ? TOL_GEMM_OP_PRECISE : TOL_GEMM_OP;
+        for (twin* t : {&qkv, &z, &b, &a, &qg, &k, &v}) EXPECT_LT(t->diff(p), tol) << "project T=" << T;
+        EXPECT_LT(x.diff(p), tol) << "matmul accumulate T=" << T;
+        EXPECT_LT(xm.diff(p), tol) << "moe T=" << T;
+        printf("[ gemm ops %s T=%d ] qkv %.2e qg %.2e matmul %.2e moe %.2e\n", precise ? "precise" : "fast", T,
+               qkv.diff(p), qg.diff(p), x.diff(p), xm.diff(p));
     }
 }
 
@@ -319,12 +364,16 @@ void check_many_rows(test::pair_of_backends& p) {
 
 TEST(cuda_gemm_ops, tiny_shapes) {
     TANSY_REQUIRE_GPU();
-    auto p = test::make_pair(test::tiny_config());
-    check_many_rows(*p);
+    for (bool precise : {false, true}) {
+        auto p = test::make_pair(test::tiny_config(), precise);
+        check_many_rows(*p, precise);
+    }
 }
 
 TEST(cuda_gemm_ops, real_shapes) {
     TANSY_REQUIRE_GPU();
-    auto p = test::make_pair(test::real_config());
-    check_many_rows(*p);
+    for (bool precise : {false, true}) {
+        auto p = test::make_pair(test::real_config(), precise);
+        check_many_rows(*p, precise);
+    }
 }

@@ -51,14 +51,14 @@ agreement_report compare(const std::vector<float>& ref, const std::vector<float>
     return r;
 }
 
-engine& gpu_engine(const std::string& dir) { return test::shared_engine(dir, "cuda"); }
+engine& gpu_engine(const std::string& dir, bool precise = false) { return test::shared_engine(dir, "cuda", precise); }
 
 std::vector<float> decode_path_logits(engine& e, const std::vector<int32_t>& ids) {
     return test::prefill_then_decode(e, ids, 0);
 }
 
 // gold: golden teacher NLL to compare with (tiny-qwen35moe* only; tiny-gqa has random weights and none).
-void teacher_window(const char* name, bool q4, bool gold_nll = true) {
+void teacher_window(const char* name, bool q4, bool gold_nll = true, bool precise = false) {
     TANSY_REQUIRE_GPU();
     const std::string dir = test::fixture(name), refp = test::fixture("tiny-reference.safetensors");
     if (dir.empty() || refp.empty()) GTEST_SKIP() << name << " not available";
@@ -66,12 +66,14 @@ void teacher_window(const char* name, bool q4, bool gold_nll = true) {
     auto ids = ref.ints("teacher.ids");
     std::vector<int32_t> in(ids.begin(), ids.end() - 1);
     engine& c = test::cpu_engine(dir);
-    engine& g = gpu_engine(dir);
+    engine& g = gpu_engine(dir, precise);
     const int64_t V = c.cfg().vocab, n = (int64_t)in.size();
     auto sc = c.new_sequence(n), sg = g.new_sequence(n);
     auto cpu = c.step(*sc, in, logits_rows::all);
     auto gpu = g.step(*sg, in, logits_rows::all);
-    agreement_report pp = compare(cpu, gpu, V);
+    // fast prompt processing (fp16 tensor-core inputs, bf16 attention operands) moves logits by ~1e-3: on the
+    // random-weight tiny-gqa model, whose distributions are flat, near-ties (CPU margin < TIE_MARGIN) may flip
+    agreement_report pp = compare(cpu, gpu, V, precise ? 0.0f : TIE_MARGIN);
     EXPECT_GE(pp.top1, MIN_TOP1) << "prompt processing";
     EXPECT_LE(pp.mean_kl, MAX_MEAN_KL) << "prompt processing";
     agreement_report dp = compare(cpu, decode_path_logits(g, in), V);
@@ -83,7 +85,8 @@ void teacher_window(const char* name, bool q4, bool gold_nll = true) {
         for (int64_t i = 0; i < n; i++) nll += token_nll(&gpu[(size_t)(i * V)], V, ids[(size_t)i + 1]), want += gold[(size_t)i];
         EXPECT_NEAR(nll / n, want / n, TOL_NLL);
     }
-    printf("[ %s ] prompt: top-1 %.4f KL %.2e | decode: top-1 %.4f KL %.2e | NLL %.5f vs %.5f\n", name, pp.top1,
+    printf("[ %s%s ] prompt: top-1 %.4f (raw %.4f, %lld ties) KL %.2e | decode: top-1 %.4f KL %.2e | NLL %.5f vs %.5f\n",
+           name, precise ? " precise" : "", pp.top1, pp.top1_raw, (long long)pp.ties,
            pp.mean_kl, dp.top1, dp.mean_kl, nll / n, want / n);
 }
 
@@ -95,6 +98,9 @@ TEST(cuda_model, teacher_window_bf16_release) { teacher_window("tiny-qwen35moe-h
 // tiny-gqa: bf16 text-only layout, 16 query heads over 2 KV heads. Random weights give flat distributions with
 // near-ties, so the teacher window (1024 positions) is the meaningful sample for top-1 agreement.
 TEST(cuda_model, teacher_window_gqa) { teacher_window("tiny-gqa", false, false); }
+// --gemm precise: prompt processing with split-bf16 tensor-core products
+TEST(cuda_model, teacher_window_mlx4_precise) { teacher_window("tiny-qwen35moe-mlx4", true, true, true); }
+TEST(cuda_model, teacher_window_gqa_precise) { teacher_window("tiny-gqa", false, false, true); }
 
 TEST(cuda_model, q4_logits_of_prompts_1_and_4) {
     TANSY_REQUIRE_GPU();
@@ -119,6 +125,7 @@ TEST(cuda_model, gqa_fixture) {
     if (dir.empty() || refp.empty()) GTEST_SKIP();
     test::golden ref(refp);
     engine& g = gpu_engine(dir);
+    engine& gp = gpu_engine(dir, /*precise=*/true);
     for (int i = 0; i < 3; i++) {
         const std::string p = "prompt" + std::to_string(i);
         auto ids = ref.ints(p + ".ids");
@@ -130,12 +137,22 @@ TEST(cuda_model, gqa_fixture) {
         EXPECT_LE(r.mean_kl, MAX_MEAN_KL) << p;
         printf("[ tiny-gqa %s ] vs golden logits: top-1 %.4f (raw %.4f, %lld ties) mean KL %.2e\n", p.c_str(), r.top1,
                r.top1_raw, (long long)r.ties, r.mean_kl);
-        auto st2 = g.new_sequence((int64_t)(ids.size() + want.size()));
-        generation_request req;
-        req.prompt = ids, req.max_tokens = (int64_t)want.size();
-        std::vector<int32_t> got;
-        g.generate(*st2, req, [&](int32_t t) { return got.push_back(t), true; });
-        EXPECT_EQ(got, want) << p;
+        // exact greedy continuations with fp32-faithful prompt processing; the fast path is reported (a near-tie
+        // of this random-weight model may send it elsewhere)
+        for (engine* e : {&gp, &g}) {
+            auto st2 = e->new_sequence((int64_t)(ids.size() + want.size()));
+            generation_request req;
+            req.prompt = ids, req.max_tokens = (int64_t)want.size();
+            std::vector<int32_t> got;
+            e->generate(*st2, req, [&](int32_t t) { return got.push_back(t), true; });
+            if (e == &gp) {
+                EXPECT_EQ(got, want) << p;
+            }
+            size_t same = 0;
+            while (same < got.size() && same < want.size() && got[same] == want[same]) same++;
+            printf("[ tiny-gqa %s greedy %s ] %zu of %zu tokens as golden\n", p.c_str(), e == &gp ? "precise" : "fast", same,
+                   want.size());
+        }
     }
 }
 
@@ -195,39 +212,47 @@ TEST(cuda_model, real_shape_four_layers_prefill_vs_cpu) {
     engine_options o;
     o.backend = "cpu";
     engine cpu(make_synthetic_model(c, so), o);
-    o.backend = "cuda";
-    engine gpu(make_synthetic_model(c, so), o);
     std::vector<int32_t> ids;
     for (int i = 0; i < 320; i++) ids.push_back((int32_t)((i * 2654435761u + 17) % 8192));
     auto sc = cpu.new_sequence(320);
     auto ref = cpu.step(*sc, ids, logits_rows::all);
-    agreement_report pp = compare(ref, test::prefill_then_decode(gpu, ids, 300), c.vocab);
-    EXPECT_GE(pp.top1, MIN_TOP1);
-    EXPECT_LE(pp.mean_kl, MAX_MEAN_KL);
-    printf("[ real shape ] prefill 300 + decode 20 vs cpu: top-1 %.4f mean KL %.2e\n", pp.top1, pp.mean_kl);
+    for (bool precise : {false, true}) {
+        o.backend = "cuda";
+        o.backend_opt.precise_gemm = precise;
+        engine gpu(make_synthetic_model(c, so), o);
+        agreement_report pp = compare(ref, test::prefill_then_decode(gpu, ids, 300), c.vocab);
+        EXPECT_GE(pp.top1, MIN_TOP1) << (precise ? "precise" : "fast");
+        EXPECT_LE(pp.mean_kl, MAX_MEAN_KL) << (precise ? "precise" : "fast");
+        printf("[ real shape ] %s prefill 300 + decode 20 vs cpu: top-1 %.4f mean KL %.2e\n", precise ? "precise" : "fast",
+               pp.top1, pp.mean_kl);
+    }
 }
 
 // Prefill path vs decode path on the GPU itself: each fixture prompt processed in one prefill, and as a prefix
-// prefill + token-by-token decode of the rest (prefix lengths 1 and half). Positions whose best two logits (in
-// the one-prefill run) are closer than TIE_MARGIN_PATHS are reported as ties: the two paths round differently
-// (bf16 tensor-core inputs vs fp32 GEMV) and may order such pairs either way.
+// prefill + token-by-token decode of the rest (prefix lengths 1 and half). With precise GEMMs the issue's bounds
+// hold (top-1 100%, KL <= 1e-4); the fast path's fp16/bf16 tensor-core inputs move logits by ~1e-3, so there
+// positions whose best two logits are closer than TIE_MARGIN are reported as ties and the KL bound is 5e-4.
 TEST(cuda_model, prefill_and_decode_paths_agree) {
     TANSY_REQUIRE_GPU();
-    constexpr double MAX_PATH_KL = 1e-4;        // the prefill issue's bound
-    constexpr float TIE_MARGIN_PATHS = 2e-3f;   // logit noise between the paths is ~1e-3 here
+    constexpr double MAX_PATH_KL = 1e-4;       // the prefill issue's bound (precise)
+    constexpr double MAX_PATH_KL_FAST = 5e-4;  // fast: measured 2.6e-4 at worst (prompt3, split 1)
     const std::string dir = test::fixture("tiny-qwen35moe-mlx4"), refp = test::fixture("tiny-reference.safetensors");
     test::golden ref(refp);
-    engine& g = gpu_engine(dir);
-    for (int i = 0; i < 6; i++) {
-        const std::string p = "prompt" + std::to_string(i);
-        auto ids = ref.ints(p + ".ids");
-        auto one = test::prefill_then_decode(g, ids, ids.size());
-        for (size_t split : {(size_t)1, ids.size() / 2}) {
-            agreement_report r = compare(one, test::prefill_then_decode(g, ids, split), g.cfg().vocab, TIE_MARGIN_PATHS);
-            EXPECT_EQ(r.top1, 1.0) << p << " split " << split;
-            EXPECT_LE(r.mean_kl, MAX_PATH_KL) << p << " split " << split;
-            printf("[ paths %s (%zu ids) split %zu ] top-1 %.4f (raw %.4f, %lld ties) KL %.2e\n", p.c_str(), ids.size(), split,
-                   r.top1, r.top1_raw, (long long)r.ties, r.mean_kl);
+    for (bool precise : {true, false}) {
+        engine& g = gpu_engine(dir, precise);
+        for (int i = 0; i < 6; i++) {
+            const std::string p = "prompt" + std::to_string(i);
+            auto ids = ref.ints(p + ".ids");
+            auto one = test::prefill_then_decode(g, ids, ids.size());
+            for (size_t split : {(size_t)1, ids.size() / 2}) {
+                agreement_report r =
+                    compare(one, test::prefill_then_decode(g, ids, split), g.cfg().vocab, precise ? 0.0f : TIE_MARGIN);
+                EXPECT_EQ(r.top1, 1.0) << p << " split " << split << (precise ? " precise" : " fast");
+                EXPECT_LE(r.mean_kl, precise ? MAX_PATH_KL : MAX_PATH_KL_FAST) << p << " split " << split;
+                printf("[ paths %s %s (%zu ids) split %zu ] top-1 %.4f (raw %.4f, %lld ties) KL %.2e\n",
+                       precise ? "precise" : "fast", p.c_str(), ids.size(), split, r.top1, r.top1_raw, (long long)r.ties,
+                       r.mean_kl);
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "core/check.h"
 
@@ -31,15 +32,16 @@ std::vector<int64_t> golden::shape(const std::string& key) const {
     return t ? t->shape : std::vector<int64_t>{};
 }
 
-engine& shared_engine(const std::string& model_dir, const std::string& backend) {
+engine& shared_engine(const std::string& model_dir, const std::string& backend, bool precise_gemm) {
     static std::mutex mu;
-    static std::map<std::pair<std::string, std::string>, std::unique_ptr<engine>> engines;
+    static std::map<std::tuple<std::string, std::string, bool>, std::unique_ptr<engine>> engines;
     std::lock_guard<std::mutex> lk(mu);
-    auto& e = engines[{model_dir, backend}];
+    auto& e = engines[{model_dir, backend, precise_gemm}];
     if (!e) {
         engine_options o;
         o.model_dir = model_dir;
         o.backend = backend;
+        o.backend_opt.precise_gemm = precise_gemm;
         e = std::make_unique<engine>(o);
     }
     return *e;

@@ -23,7 +23,7 @@ class golden {
 };
 
 // One engine per (model directory, backend), shared by the tests of a process (loading is cheap, not free).
-engine& shared_engine(const std::string& model_dir, const std::string& backend);
+engine& shared_engine(const std::string& model_dir, const std::string& backend, bool precise_gemm = false);
 engine& cpu_engine(const std::string& model_dir);
 
 // Logits of every position of `ids`: a prefill of ids[0, split), then each further token as its own decode

@@ -116,6 +116,7 @@ class cuda_backend final : public backend {
 
     void bind(const model& m) override { weights_.bind(m, stream_, synth_seed_, synth_skew_); }
     void set_synthetic(uint64_t seed, float router_skew) { synth_seed_ = seed, synth_skew_ = router_skew; }
+    void set_precise_gemm(bool on) { precise_gemm_ = on; }
     uint64_t memory_epoch() const override { return epoch_; }
 
     buffer alloc(int64_t rows, int64_t cols, dtype t) override {
@@ -252,15 +253,12 @@ class cuda_backend final : public backend {
         }
         const int E = (int)cfg_.n_experts, k = (int)cfg_.top_k;
         float* logits = ws_router_.ensure((size_t)T * (E + 1));
-        // [router; shared_expert_gate] rows -> logits [T, E+1], always in fp32 (the GEMV kernels): bf16 inputs
-        // move router logits by ~1e-3 relative, enough to swap the 8th and 9th expert of some tokens, which changes
-        // those tokens' outputs by O(1) and makes prompt processing disagree with decode. It costs ~2 us a token.
+        // [router; shared_expert_gate] rows -> logits [T, E+1], always ~fp32 (GEMV, or the precise GEMM): bf16
+        // inputs move router logits by ~1e-3 relative, enough to swap the 8th and 9th expert of some tokens, which
+        // changes those tokens' outputs by O(1) and makes prompt processing disagree with decode.
         for (const auto& part : md.router.parts) {
-            gemv_params p;
-            p.W = part.W;
-            p.x = xin, p.ldx = x.cols, p.T = T, p.norm_w = nw, p.eps = eps;
-            p.seg[0] = {logits + (part.members[0] == 0 ? 0 : E), E + 1, 0};
-            gemv(p, stream_);
+            const gemv_segment seg{logits + (part.members[0] == 0 ? 0 : E), E + 1, 0};
+            dense(part.W, xin, x.cols, T, nw, eps, &seg, 1, false, /*precise=*/true);
         }
         int32_t* idx = ws_idx_.ensure((size_t)T * k);
         float* wt = ws_wt_.ensure((size_t)T * k);
@@ -325,11 +323,11 @@ class cuda_backend final : public backend {
     // out segments (+)= x W^T for T rows: the tensor-core GEMM for many rows, the GEMV kernels (which can fold
     // the RMS norm nw into their prologue for T <= k_gemv_max_norm_rows) otherwise.
     void dense(const dmat& W, const float* x, int64_t ldx, int T, const float* nw, float eps, const gemv_segment* seg,
-               int n_seg, bool accumulate) {
+               int n_seg, bool accumulate, bool precise = false) {
         if (use_gemm(T, {&W})) {
             TANSY_CHECK(nw == nullptr, "gemm: normalise the input first");
             gemm_params p;
-            p.W = W, p.N = W.rows, p.x = x, p.ldx = ldx, p.M = T;
+            p.W = W, p.N = W.rows, p.x = x, p.ldx = ldx, p.M = T, p.precise = precise || precise_gemm_;
             p.epi = gemm_epilogue::store;
             for (int i = 0; i < n_seg; i++) p.seg[i] = seg[i];
             p.n_seg = n_seg, p.accumulate = accumulate;
@@ -365,20 +363,26 @@ class cuda_backend final : public backend {
         g.W = md.gate, g.W2 = md.up, g.N = F, g.x = m, g.ldx = D, g.gather = perm, g.gather_div = k;
         g.tiles = tiles, g.n_tiles = n_tiles, g.max_tiles = max_tiles;
         g.epi = gemm_epilogue::swiglu, g.out = h, g.ldo = F;
+        g.precise = precise_gemm_;
         gemm(g, stream_);
         gemm_params d;  // routed down: sorted rows in, sorted rows out
         d.W = md.down, d.N = D, d.x = h, d.ldx = F;
         d.tiles = tiles, d.n_tiles = n_tiles, d.max_tiles = max_tiles;
         d.epi = gemm_epilogue::rows, d.out = y, d.ldo = D;
+        d.a_scale = k_down_a_scale;
+        d.precise = precise_gemm_;
         gemm(d, stream_);
 
         gemm_params sg;  // shared expert, dense
         sg.W = md.s_gate, sg.W2 = md.s_up, sg.N = Fs, sg.x = m, sg.ldx = D, sg.M = T;
         sg.epi = gemm_epilogue::swiglu, sg.out = hs, sg.ldo = Fs;
+        sg.precise = precise_gemm_;
         gemm(sg, stream_);
         gemm_params sd;
         sd.W = md.s_down, sd.N = D, sd.x = hs, sd.ldx = Fs, sd.M = T;
         sd.epi = gemm_epilogue::rows, sd.out = ys, sd.ldo = D;
+        sd.a_scale = k_down_a_scale;
+        sd.precise = precise_gemm_;
         gemm(sd, stream_);
 
         moe_combine(x, ldx, y, ys, pos_of, wt, sig, T, k, D, stream_);
@@ -418,6 +422,10 @@ class cuda_backend final : public backend {
     // From this many rows on, matrix products run on the tensor cores (bf16 inputs, fp32 accumulation); below
     // it, the fp32 GEMV kernels tuned for decode.
     static constexpr int k_gemm_min_rows = 32;
+    // SwiGLU outputs (the down projections' inputs) are where large activations live: scaled by 2^-4 before the
+    // fp16 conversion they fit up to ~1e6; values below 2^-10 lose relative precision, which their products
+    // barely feel.
+    static constexpr float k_down_a_scale = 1.0f / 16.0f;
     static constexpr int k_attn_splits = 64;  // most context slices per (token, KV head); blocks past the end exit
 
     model_config cfg_;
@@ -429,6 +437,7 @@ class cuda_backend final : public backend {
     bool capturing_ = false;
     uint64_t epoch_ = 0, synth_seed_ = 1;
     float synth_skew_ = 0.0f;
+    bool precise_gemm_ = false;
     cudaGraphExec_t graph_exec_ = nullptr;
 
     std::vector<drow> rows_cache_;
@@ -453,6 +462,7 @@ std::unique_ptr<backend> make_cuda_backend(const model_config& cfg, const backen
     }
     auto be = std::make_unique<cuda_backend>(cfg);
     be->set_synthetic(opt.synthetic_seed, opt.router_skew);
+    be->set_precise_gemm(opt.precise_gemm);
     return be;
 }
 

@@ -1,6 +1,6 @@
 // Tensor-core matrix multiplication for many input rows (prompt processing, large batches): Y = X W^T with W
-// a device matrix (4/8-bit affine dequantised inside the kernel, or bf16), X fp32 rounded to bf16 on its way
-// into shared memory, fp32 accumulation (mma.sync m16n8k16). The same kernel runs dense projections and the
+// a device matrix (4/8-bit affine dequantised inside the kernel, or bf16), X fp32 rounded to fp16 (fast) or
+// split into bf16 hi + lo pairs (precise) on its way into shared memory, fp32 accumulation (mma.sync m16n8k16). The same kernel runs dense projections and the
 // grouped MoE experts: in grouped mode each CTA reads its (expert, rows) tile from a device-side work list
 // built by moe_plan(), so no launch size depends on the routing and nothing waits for the host.
 // Host launchers only; kernels are in gemm.cu.
@@ -46,6 +46,12 @@ struct gemm_params {
     bool accumulate = false;
     float* out = nullptr;  // rows / swiglu
     int64_t ldo = 0;
+    // Operands as bf16 hi + lo pairs (three tensor-core products): ~fp32 accuracy instead of bf16's 2^-9
+    // relative rounding of each input, for 2-3x the tensor work.
+    bool precise = false;
+    // Fast mode: A is multiplied by this power of two before its fp16 conversion (results are divided by it), so
+    // activations up to 65504 / a_scale fit; values beyond saturate.
+    float a_scale = 1.0f;
 };
 
 // True when gemm() can run W (format, K a multiple of 64, group a multiple of 32).
