@@ -25,7 +25,7 @@ void add_engine_options(arg_parser& p) {
         .option("--weights", "W",
                 "auto (default: the checkpoint's format), q4 (quantise a bf16 checkpoint at load, as tansy convert "
                 "does) or bf16")
-        .option("--prefill-chunk", "N", "prompt tokens per forward step (default 4096): bounds the activation memory")
+        .option("--prefill-chunk", "N", "prompt tokens per forward step (default 8192): bounds the activation memory")
         .option("--gemm", "MODE",
                 "cuda prompt processing: fast (bf16 tensor-core inputs, the default) or precise (bf16 hi + lo pairs: "
                 "~fp32 results, slower)")

@@ -23,7 +23,7 @@ struct engine_options {
     // policy; auto keeps the checkpoint's format (src/quant/quantize_model.h, prepare_weights).
     std::string weights = "auto";
     // Prompt tokens per forward step (forward_pass::prefill): bounds the activation workspace of long prompts.
-    // 0: forward_pass::DEFAULT_PREFILL_CHUNK (4096).
+    // 0: forward_pass::DEFAULT_PREFILL_CHUNK (8192).
     int64_t prefill_chunk = 0;
 };
 

@@ -90,6 +90,9 @@ class cuda_backend final : public backend {
     explicit cuda_backend(const model_config& cfg) : cfg_(cfg) {
         CUDA_CHECK(cudaSetDevice(0));
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
         sh_.kvd = cfg.kv_dim();
         sh_.conv_rows = cfg.conv_kernel - 1;
         sh_.conv_ch = cfg.lin_conv_dim();
@@ -108,6 +111,9 @@ class cuda_backend final : public backend {
     }
     ~cuda_backend() override {
         if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+        cudaEventDestroy(ev_fork_);
+        cudaEventDestroy(ev_join_);
+        cudaStreamDestroy(side_);
         cudaStreamDestroy(stream_);
     }
 
@@ -253,6 +259,15 @@ class cuda_backend final : public backend {
         }
         const int E = (int)cfg_.n_experts, k = (int)cfg_.top_k;
         float* logits = ws_router_.ensure((size_t)T * (E + 1));
+        int32_t* idx = ws_idx_.ensure((size_t)T * k);
+        float* wt = ws_wt_.ensure((size_t)T * k);
+        float* sig = ws_sig_.ensure((size_t)T);
+        float* h = ws_h_.ensure((size_t)T * (k + 1) * std::max(cfg_.expert_inter, cfg_.shared_inter));
+        const bool grouped = use_gemm(T, {&md.m.gate, &md.m.up, &md.m.down, &md.m.s_gate, &md.m.s_up, &md.m.s_down});
+        float* y = grouped ? ws_y_.ensure((size_t)T * (k + 1) * md.m.D) : nullptr;
+        // the shared expert needs only the normalised input: on the side stream, alongside the router, top-k,
+        // routing plan and routed experts (the router GEMM alone leaves a third of the SMs idle)
+        if (grouped) shared_expert_async(md.m, xin, h + (size_t)T * k * md.m.F, y + (size_t)T * k * md.m.D, T);
         // [router; shared_expert_gate] rows -> logits [T, E+1], always ~fp32 (GEMV, or the precise GEMM): bf16
         // inputs move router logits by ~1e-3 relative, enough to swap the 8th and 9th expert of some tokens, which
         // changes those tokens' outputs by O(1) and makes prompt processing disagree with decode.
@@ -260,13 +275,9 @@ class cuda_backend final : public backend {
             const gemv_segment seg{logits + (part.members[0] == 0 ? 0 : E), E + 1, 0};
             dense(part.W, xin, x.cols, T, nw, eps, &seg, 1, false, /*precise=*/true);
         }
-        int32_t* idx = ws_idx_.ensure((size_t)T * k);
-        float* wt = ws_wt_.ensure((size_t)T * k);
-        float* sig = ws_sig_.ensure((size_t)T);
         moe_topk(idx, wt, sig, logits, E + 1, T, E, k, md.router_bias, stream_);
-        float* h = ws_h_.ensure((size_t)T * (k + 1) * std::max(cfg_.expert_inter, cfg_.shared_inter));
-        if (use_gemm(T, {&md.m.gate, &md.m.up, &md.m.down, &md.m.s_gate, &md.m.s_up, &md.m.s_down})) {
-            moe_grouped(f32(x), x.cols, md.m, xin, idx, wt, sig, h, T);
+        if (grouped) {
+            moe_grouped(f32(x), x.cols, md.m, xin, idx, wt, sig, h, y, T);
             return;
         }
         moe_gate_up(h, md.m, idx, xin, x.cols, T, nw, eps, stream_);
@@ -342,21 +353,37 @@ class cuda_backend final : public backend {
         gemv(p, stream_);
     }
 
-    // Routed experts as grouped GEMMs over expert-sorted slots (gate/up with SwiGLU, then down), the shared
-    // expert as dense GEMMs, then the weighted combine into x. m = normalised input [T, D]; h: workspace of
-    // T*(k+1)*max(F, Fs) floats.
+    // The shared expert as dense GEMMs on side_, forked from and joined back into stream_ through events (a graph
+    // capture follows the fork): m = normalised input [T, D] -> hs [T, Fs] -> ys [T, D]. moe_grouped joins it.
+    void shared_expert_async(const dmoe& md, const float* m, float* hs, float* ys, int T) {
+        CUDA_CHECK(cudaEventRecord(ev_fork_, stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(side_, ev_fork_, 0));
+        gemm_params sg;
+        sg.W = md.s_gate, sg.W2 = md.s_up, sg.N = md.Fs, sg.x = m, sg.ldx = md.D, sg.M = T;
+        sg.epi = gemm_epilogue::swiglu, sg.out = hs, sg.ldo = md.Fs;
+        sg.precise = precise_gemm_;
+        gemm(sg, side_);
+        gemm_params sd;
+        sd.W = md.s_down, sd.N = md.D, sd.x = hs, sd.ldx = md.Fs, sd.M = T;
+        sd.epi = gemm_epilogue::rows, sd.out = ys, sd.ldo = md.D;
+        sd.a_scale = k_down_a_scale;
+        sd.precise = precise_gemm_;
+        gemm(sd, side_);
+        CUDA_CHECK(cudaEventRecord(ev_join_, side_));
+    }
+
+    // Routed experts as grouped GEMMs over expert-sorted slots (gate/up with SwiGLU, then down), then, once the
+    // shared expert (shared_expert_async) has joined, the weighted combine into x. m = normalised input [T, D];
+    // h: T*(k+1)*max(F, Fs) floats, y: T*(k+1)*D floats, the shared expert's parts after the routed ones.
     void moe_grouped(float* x, int64_t ldx, const dmoe& md, const float* m, const int32_t* idx, const float* wt,
-                     const float* sig, float* h, int T) {
+                     const float* sig, float* h, float* y, int T) {
         const int E = md.E, k = md.k;
-        const int64_t D = md.D, F = md.F, Fs = md.Fs;
+        const int64_t D = md.D, F = md.F;
         const int max_tiles = moe_max_tiles(T, E, k);
         int32_t* perm = ws_perm_.ensure((size_t)T * k);
         int32_t* pos_of = ws_pos_.ensure((size_t)T * k);
         gemm_tile* tiles = ws_tiles_.ensure((size_t)max_tiles);
         int32_t* n_tiles = ws_ntiles_.ensure(1);
-        float* y = ws_y_.ensure((size_t)T * (k + 1) * D);  // [T*k, D] routed rows (sorted), then [T, D] shared
-        float* ys = y + (size_t)T * k * D;
-        float* hs = h + (size_t)T * k * F;  // [T*k, F] routed (sorted), then [T, Fs] shared
         moe_plan(perm, pos_of, tiles, n_tiles, idx, T, E, k, stream_);
 
         gemm_params g;  // routed gate/up: A rows gathered from the tokens of the sorted slots
@@ -373,19 +400,8 @@ class cuda_backend final : public backend {
         d.precise = precise_gemm_;
         gemm(d, stream_);
 
-        gemm_params sg;  // shared expert, dense
-        sg.W = md.s_gate, sg.W2 = md.s_up, sg.N = Fs, sg.x = m, sg.ldx = D, sg.M = T;
-        sg.epi = gemm_epilogue::swiglu, sg.out = hs, sg.ldo = Fs;
-        sg.precise = precise_gemm_;
-        gemm(sg, stream_);
-        gemm_params sd;
-        sd.W = md.s_down, sd.N = D, sd.x = hs, sd.ldx = Fs, sd.M = T;
-        sd.epi = gemm_epilogue::rows, sd.out = ys, sd.ldo = D;
-        sd.a_scale = k_down_a_scale;
-        sd.precise = precise_gemm_;
-        gemm(sd, stream_);
-
-        moe_combine(x, ldx, y, ys, pos_of, wt, sig, T, k, D, stream_);
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, ev_join_, 0));
+        moe_combine(x, ldx, y, y + (size_t)T * k * D, pos_of, wt, sig, T, k, D, stream_);
     }
 
     // Row -> (sequence, offset) and sequence -> state tables on the device, re-uploaded only when the batch's
@@ -430,6 +446,8 @@ class cuda_backend final : public backend {
 
     model_config cfg_;
     cudaStream_t stream_ = nullptr;
+    cudaStream_t side_ = nullptr;  // independent work forked from stream_ (the shared expert of prompt steps)
+    cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr;
     device_weights weights_;
     dshape sh_, batch_shape_;
     int n_attn_ = 0, n_gdn_ = 0;
