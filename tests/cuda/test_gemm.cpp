@@ -336,7 +336,7 @@ void check_many_rows(test::pair_of_backends& p, bool precise) {
     const model_config& c = p.m.cfg;
     const layer_weights& gl = p.m.w.layers[0];
     const layer_weights& al = p.m.w.layers[3];
-    for (int T : {32, 77, 300}) {
+    for (int T : {16, 77, 300}) {
         twin x(p, T, c.hidden, 200 + T, 2.0f), z(p, T, c.lin_value_dim(), 300 + T);
         twin qkv(p, T, c.lin_conv_dim()), b(p, T, c.lin_v_heads), a(p, T, c.lin_v_heads);
         twin qg(p, T, c.q_proj_rows()), k(p, T, c.kv_dim()), v(p, T, c.kv_dim());

@@ -184,7 +184,7 @@ class cuda_backend final : public backend {
         const int T = (int)x.rows;
         const float* nw = weights_.vec(norm);
         const float* xin = f32(x);
-        if (T > k_gemv_max_norm_rows) {  // normalise once instead of in every block's prologue
+        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows) {  // normalise once, not in every block's prologue
             float* a = ws_norm_.ensure((size_t)x.numel());
             rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
             xin = a, nw = nullptr;
@@ -252,7 +252,7 @@ class cuda_backend final : public backend {
         const device_weights::moe_dev& md = weights_.moe(w);
         const float* nw = weights_.vec(norm);
         const float* xin = f32(x);
-        if (T > k_gemv_max_norm_rows) {
+        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows) {
             float* a = ws_norm_.ensure((size_t)x.numel());
             rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
             xin = a, nw = nullptr;
@@ -435,9 +435,10 @@ class cuda_backend final : public backend {
         batch_shape_.capacity = cap;
     }
 
-    // From this many rows on, matrix products run on the tensor cores (bf16 inputs, fp32 accumulation); below
-    // it, the fp32 GEMV kernels tuned for decode.
-    static constexpr int k_gemm_min_rows = 32;
+    // From this many rows on (prompts, decode batches of 16+), matrix products run on the tensor cores (fp16 or
+    // split-bf16 inputs, fp32 accumulation) and read each weight once for all rows; below it, the fp32 GEMV
+    // kernels tuned for decode, which read the weights once per few rows.
+    static constexpr int k_gemm_min_rows = 16;
     // SwiGLU outputs (the down projections' inputs) are where large activations live: scaled by 2^-4 before the
     // fp16 conversion they fit up to ~1e6; values below 2^-10 lose relative precision, which their products
     // barely feel.
