@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/gemv.cuh"
 #include "cuda_test_util.h"
+#include "test_matrix.h"
 
 using namespace tansy;
 
@@ -31,33 +32,9 @@ TEST_P(cuda_gemv, matches_cpu_twin) {
     TANSY_REQUIRE_GPU();
     const gemv_case g = GetParam();
     const dfmt f = g.fmt == 0 ? dfmt::q4 : g.fmt == 1 ? dfmt::q8 : dfmt::bf16;
-    const int bits = f == dfmt::q4 ? 4 : 8, group = 64;
     std::mt19937 rng((uint32_t)(g.rows * 131 + g.cols * 7 + g.T));
-    // host weights in the checkpoint formats
-    matrix m;
-    m.rows = g.rows, m.cols = g.cols, m.name = "w";
-    std::vector<uint32_t> words;
-    std::vector<uint16_t> sc, bi, dense, sbw;
-    std::vector<uint32_t> sb;
-    if (f != dfmt::bf16) {
-        words.resize((size_t)(g.rows * g.cols * bits / 32));
-        for (auto& w : words) w = rng();
-        const int64_t G = g.cols / group;
-        auto s = test::random_uniform((size_t)(g.rows * G), rng(), 0.001f, 0.05f);
-        auto b = test::random_uniform((size_t)(g.rows * G), rng(), -0.3f, 0.3f);
-        for (size_t i = 0; i < s.size(); i++) {
-            sc.push_back(f32_to_bf16(s[i]));
-            bi.push_back(f32_to_bf16(b[i]));
-            sb.push_back((uint32_t)sc.back() | ((uint32_t)bi.back() << 16));
-        }
-        m.fmt = wfmt::affine, m.type = dtype::bf16, m.bits = bits, m.group = group;
-        m.w = (const uint8_t*)words.data(), m.scales = (const uint8_t*)sc.data(), m.biases = (const uint8_t*)bi.data();
-    } else {
-        auto v = test::random_normal((size_t)(g.rows * g.cols), rng(), 0.05f);
-        for (float x : v) dense.push_back(f32_to_bf16(x));
-        m.fmt = wfmt::dense, m.type = dtype::bf16;
-        m.w = (const uint8_t*)dense.data();
-    }
+    test::test_matrix W(f, g.rows, g.cols, rng());  // host matrix (checkpoint format) + its device copy
+    const matrix& m = W.m;
     auto x = test::random_normal((size_t)(g.T * g.cols), rng(), 2.0f);
     auto nw = test::random_uniform((size_t)g.cols, rng(), 0.5f, 1.5f);
     auto y0 = test::random_normal((size_t)(g.T * g.rows), rng());  // prior contents for accumulate
@@ -71,19 +48,12 @@ TEST_P(cuda_gemv, matches_cpu_twin) {
         for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
 
     // device
-    cuda::dmat d;
-    d.fmt = f, d.rows = g.rows, d.cols = g.cols, d.group = f == dfmt::bf16 ? 0 : group;
-    cuda::device_buffer dw(words.empty() ? dense.size() * 2 : words.size() * 4), dsb(std::max<size_t>(sb.size(), 1) * 4),
-        dx(x.size() * 4), dn(nw.size() * 4), dy(y0.size() * 4);
-    dw.upload(words.empty() ? (const void*)dense.data() : (const void*)words.data(), dw.size());
-    if (!sb.empty()) dsb.upload(sb.data(), sb.size() * 4);
+    cuda::device_buffer dx(x.size() * 4), dn(nw.size() * 4), dy(y0.size() * 4);
     dx.upload(x.data(), x.size() * 4);
     dn.upload(nw.data(), nw.size() * 4);
     dy.upload(y0.data(), y0.size() * 4);
-    d.w = (const uint32_t*)dw.get();
-    d.sb = sb.empty() ? nullptr : (const uint32_t*)dsb.get();
     cuda::gemv_params p;
-    p.W = d, p.x = (const float*)dx.get(), p.ldx = g.cols, p.T = g.T;
+    p.W = W.d, p.x = (const float*)dx.get(), p.ldx = g.cols, p.T = g.T;
     p.norm_w = g.norm ? (const float*)dn.get() : nullptr;
     p.seg[0] = {(float*)dy.get(), g.rows, 0};
     p.accumulate = g.accumulate;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 
 #include "../model/golden.h"
 #include "cuda_test_util.h"
@@ -179,23 +180,37 @@ TEST(cuda_model, graphs_replay_what_eager_decode_does) {
     EXPECT_EQ(a, c);
 }
 
-// The real-shape check: 3 DeltaNet + 1 attention layer at full width, 256 experts, decode vs CPU.
-TEST(cuda_model, real_shape_four_layers_decode_vs_cpu) {
-    TANSY_REQUIRE_GPU();
+namespace {
+
+// The decode and prefill issues' real-shape model: 3 DeltaNet + 1 attention layer at full width, 256 experts,
+// vocab 8192, seeded random 4-bit weights (the same on every backend for a seed).
+std::unique_ptr<engine> real_shape_engine(uint64_t seed, const char* backend, bool precise = false) {
     model_config c = synthetic_config(test::fixture("qwen3.6-35b-a3b") + "/config.json", 4, 8192);
     synthetic_options so;
     so.materialize = true;
-    so.seed = 11;
+    so.seed = seed;
     engine_options o;
-    o.backend = "cpu";
-    engine cpu(make_synthetic_model(c, so), o);
-    o.backend = "cuda";
-    engine gpu(make_synthetic_model(c, so), o);
+    o.backend = backend;
+    o.backend_opt.precise_gemm = precise;
+    return std::make_unique<engine>(make_synthetic_model(c, so), o);
+}
+
+std::vector<int32_t> spread_ids(int n, uint32_t salt) {
     std::vector<int32_t> ids;
-    for (int i = 0; i < 64; i++) ids.push_back((i * 2654435761u) % 8192);
-    auto sc = cpu.new_sequence(64);
-    auto ref = cpu.step(*sc, ids, logits_rows::all);
-    agreement_report r = compare(ref, decode_path_logits(gpu, ids), c.vocab);
+    for (int i = 0; i < n; i++) ids.push_back((int32_t)(((uint32_t)i * 2654435761u + salt) % 8192));
+    return ids;
+}
+
+}  // namespace
+
+// The decode issue's real-shape check: token-by-token decode vs the CPU over 64 positions.
+TEST(cuda_model, real_shape_four_layers_decode_vs_cpu) {
+    TANSY_REQUIRE_GPU();
+    auto cpu = real_shape_engine(11, "cpu"), gpu = real_shape_engine(11, "cuda");
+    auto ids = spread_ids(64, 0);
+    auto sc = cpu->new_sequence(64);
+    auto ref = cpu->step(*sc, ids, logits_rows::all);
+    agreement_report r = compare(ref, decode_path_logits(*gpu, ids), cpu->cfg().vocab);
     EXPECT_GE(r.top1, MIN_TOP1);
     EXPECT_LE(r.mean_kl, MAX_MEAN_KL);
     printf("[ real shape ] decode vs cpu over 64 positions: top-1 %.4f mean KL %.2e\n", r.top1, r.mean_kl);
@@ -205,22 +220,13 @@ TEST(cuda_model, real_shape_four_layers_decode_vs_cpu) {
 // experts, flash attention, the DeltaNet prefill scan) over 300 positions, then 20 decode steps after it.
 TEST(cuda_model, real_shape_four_layers_prefill_vs_cpu) {
     TANSY_REQUIRE_GPU();
-    model_config c = synthetic_config(test::fixture("qwen3.6-35b-a3b") + "/config.json", 4, 8192);
-    synthetic_options so;
-    so.materialize = true;
-    so.seed = 12;
-    engine_options o;
-    o.backend = "cpu";
-    engine cpu(make_synthetic_model(c, so), o);
-    std::vector<int32_t> ids;
-    for (int i = 0; i < 320; i++) ids.push_back((int32_t)((i * 2654435761u + 17) % 8192));
-    auto sc = cpu.new_sequence(320);
-    auto ref = cpu.step(*sc, ids, logits_rows::all);
+    auto cpu = real_shape_engine(12, "cpu");
+    auto ids = spread_ids(320, 17);
+    auto sc = cpu->new_sequence(320);
+    auto ref = cpu->step(*sc, ids, logits_rows::all);
     for (bool precise : {false, true}) {
-        o.backend = "cuda";
-        o.backend_opt.precise_gemm = precise;
-        engine gpu(make_synthetic_model(c, so), o);
-        agreement_report pp = compare(ref, test::prefill_then_decode(gpu, ids, 300), c.vocab);
+        auto gpu = real_shape_engine(12, "cuda", precise);
+        agreement_report pp = compare(ref, test::prefill_then_decode(*gpu, ids, 300), cpu->cfg().vocab);
         EXPECT_GE(pp.top1, MIN_TOP1) << (precise ? "precise" : "fast");
         EXPECT_LE(pp.mean_kl, MAX_MEAN_KL) << (precise ? "precise" : "fast");
         printf("[ real shape ] %s prefill 300 + decode 20 vs cpu: top-1 %.4f mean KL %.2e\n", precise ? "precise" : "fast",

@@ -20,6 +20,7 @@
 
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace tansy::cuda {
 
@@ -37,52 +38,6 @@ struct prefill_layout {
     static constexpr size_t SMEM = (size_t)(BLOCK_M + 2 * BLOCK_N) * LD * sizeof(uint16_t);  // sQ | sK | sV
 };
 
-// ---- sm_80+ primitives (mma.sync / ldmatrix / cp.async: no sm_90-only instructions)
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// 16 bytes global -> shared, bypassing L1; with valid = false nothing is read and the 16 bytes are zeroed.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Four 8x8 bf16 matrices; lane l gives the address of row l%8 of matrix l/8 and gets, of matrix j, in r[j]:
-// row l/4, columns 2(l%4) and 2(l%4)+1 (.trans: column l/4, rows 2(l%4) and 2(l%4)+1).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-// c (16x8 fp32) += a (16x16 bf16, row-major) * b (16x8 bf16, column-major). Fragments, with g = lane/4 and
-// t = lane%4: a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..];
-// b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1].
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats as bf16x2, lo in the low half (the lower column of an mma fragment).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
-}
-
 // One key tile (BLOCK_N rows of DH bf16, row stride kvd in the cache) into shared memory; keys >= n_keys are
 // zero-filled, never read (they may lie past the cache's capacity, and zeros keep 0 * V finite).
 template <int DH>
@@ -97,7 +52,7 @@ __device__ __forceinline__ void load_kv_tile(uint16_t* dst, const uint16_t* src,
 #pragma unroll
     for (int it = 0; it < BLOCK_N / ROWS; it++) {
         const bool ok = k0 + jt + it * ROWS < n_keys;
-        cp_async16(t + it * ROWS * prefill_layout<DH>::LD, ok ? s : src, ok);
+        cp_async16_zfill(t + it * ROWS * prefill_layout<DH>::LD, ok ? s : src, ok);
         s += ROWS * kvd;
     }
 }
@@ -155,7 +110,7 @@ __global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params
             const int i = c / (DH / 4), d = (c % (DH / 4)) * 4;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // rows past the span: zeros, never stored
             if (i < n_rows) v = *reinterpret_cast<const float4*>(qsrc + i * ldq + d);
-            *reinterpret_cast<uint2*>(sQ + i * LD + d) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+            *reinterpret_cast<uint2*>(sQ + i * LD + d) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
         }
     }
 
@@ -236,8 +191,8 @@ __global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params
             const float p0 = exp2f(fmaf(s[j][0], sl2, -msc[0])), p1 = exp2f(fmaf(s[j][1], sl2, -msc[0]));
             const float p2 = exp2f(fmaf(s[j][2], sl2, -msc[1])), p3 = exp2f(fmaf(s[j][3], sl2, -msc[1]));
             rs[0] += p0 + p1, rs[1] += p2 + p3;
-            pa[j / 2][(j % 2) * 2] = pack_bf16x2(p0, p1);
-            pa[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(p2, p3);
+            pa[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
+            pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
         }
         l[0] = l[0] * corr[0] + rs[0], l[1] = l[1] * corr[1] + rs[1];
 #pragma unroll

@@ -17,6 +17,7 @@
 #include <algorithm>
 
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace tansy::cuda {
 
@@ -37,41 +38,6 @@ constexpr size_t smem_bytes() {
 
 static_assert(BM * BK / 4 == 4 * k_threads, "A: four float4 per thread");
 static_assert(BN * BK / 32 == k_threads, "W: 32 values per thread");
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-// fp16x2 of (lo, hi), saturating at +-65504 (one F2FP): an overflowing input saturates instead of becoming inf.
-__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));  // d = {a: upper, b: lower}
-    return r;
-}
-
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // 16-byte words holding 32 weights.
 template <dfmt F>
@@ -234,10 +200,10 @@ __global__ void __launch_bounds__(k_threads, SPLIT ? 1 : 2) gemm_kernel(const ge
             uint32_t a[2][4], b[2][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
-                ldsm_x4(a[mi], sa + (wm * 32 + mi * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LDS + kk * 16 + 8 * (lane / 16));
+                ldmatrix_x4(a[mi], sa + (wm * 32 + mi * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LDS + kk * 16 + 8 * (lane / 16));
 #pragma unroll
             for (int nj = 0; nj < 2; nj++)
-                ldsm_x4(b[nj], sw + (wn * 32 + nj * 16 + lane % 8 + 8 * (lane / 16)) * LDS + kk * 16 + 8 * ((lane / 8) % 2));
+                ldmatrix_x4(b[nj], sw + (wn * 32 + nj * 16 + lane % 8 + 8 * (lane / 16)) * LDS + kk * 16 + 8 * ((lane / 8) % 2));
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -251,7 +217,7 @@ __global__ void __launch_bounds__(k_threads, SPLIT ? 1 : 2) gemm_kernel(const ge
                 uint32_t x[2][4];  // A lo x W hi
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
-                    ldsm_x4(x[mi], sa + LO + (wm * 32 + mi * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LDS + kk * 16 + 8 * (lane / 16));
+                    ldmatrix_x4(x[mi], sa + LO + (wm * 32 + mi * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LDS + kk * 16 + 8 * (lane / 16));
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -259,7 +225,7 @@ __global__ void __launch_bounds__(k_threads, SPLIT ? 1 : 2) gemm_kernel(const ge
                 if constexpr (AFFINE) {  // A hi x W lo
 #pragma unroll
                     for (int nj = 0; nj < 2; nj++)
-                        ldsm_x4(b[nj], sw + LO + (wn * 32 + nj * 16 + lane % 8 + 8 * (lane / 16)) * LDS + kk * 16 + 8 * ((lane / 8) % 2));
+                        ldmatrix_x4(b[nj], sw + LO + (wn * 32 + nj * 16 + lane % 8 + 8 * (lane / 16)) * LDS + kk * 16 + 8 * ((lane / 8) % 2));
 #pragma unroll
                     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
