@@ -249,10 +249,21 @@ quantize_report quantize_model(model& m, const quant_policy& policy) {
 
 quantize_report prepare_weights(model& m, const std::string& weights, const std::string& backend) {
     if (weights == "auto" || weights.empty()) {
-        // note: every backend keeps the checkpoint's format for now; the CUDA backend's default becomes q4 here
-        // once it runs affine matrices from host-quantised buffers.
-        (void)backend;
-        return {};
+        // The GPU's kernels are built for 4-bit weights (decode reads every weight every token: 4-bit moves a
+        // quarter of bf16's bytes), so an unquantised checkpoint is quantised at load there, with tansy convert's
+        // quantiser and policy; the CPU reference keeps the checkpoint's format.
+        if (backend != "cuda" || m.synthetic) return {};
+        const quant_policy policy;
+        bool dense = false;  // anything quantize_model would change
+        for (const linear_module& lm : linear_modules(m.w, m.cfg))
+            dense |= lm.parts[0]->fmt == wfmt::dense && lm.parts[0]->cols % policy.group == 0;
+        if (!dense) return {};
+        TANSY_WARN("quantising the bf16 checkpoint to 4 bits for the GPU (--weights bf16 keeps bf16; `tansy convert` "
+                 "once saves doing this at every load)");
+        quantize_report r = quantize_model(m, policy);
+        TANSY_INFO("quantised %lld matrices (%.1f -> %.1f MB) in %.1f s", (long long)r.matrices, r.bytes_before / 1e6,
+                 r.bytes_after / 1e6, r.seconds);
+        return r;
     }
     if (weights == "checkpoint") return {};
     if (weights == "q4") return quantize_model(m, quant_policy{});

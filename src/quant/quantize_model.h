@@ -82,7 +82,8 @@ struct quantize_report {
 quantize_report quantize_model(model& m, const quant_policy& policy);
 
 // The weight formats an engine runs (engine_options::weights):
-//   auto        the backend's default: the checkpoint's own format (cpu, and cuda until its q4 default lands)
+//   auto        the backend's default: cuda quantises an unquantised checkpoint as q4 does; cpu keeps the
+//               checkpoint's own format
 //   checkpoint  as stored
 //   q4          dense matrices quantised at load by the default quant_policy (mse, 4 bits, the 8-bit modules
 //               of tansy convert): the same weights `tansy convert` writes

@@ -20,7 +20,8 @@ struct engine_options {
     int threads = 0;         // CPU threads; 0: all cores
     backend_options backend_opt;
     // auto | checkpoint | q4 | bf16: q4 quantises dense matrices at load with tansy convert's quantiser and
-    // policy; auto keeps the checkpoint's format (src/quant/quantize_model.h, prepare_weights).
+    // policy; auto does that on cuda and keeps the checkpoint's format on cpu (src/quant/quantize_model.h,
+    // prepare_weights).
     std::string weights = "auto";
     // Prompt tokens per forward step (forward_pass::prefill): bounds the activation workspace of long prompts.
     // 0: forward_pass::DEFAULT_PREFILL_CHUNK (8192).

@@ -42,6 +42,7 @@ engine& shared_engine(const std::string& model_dir, const std::string& backend, 
         o.model_dir = model_dir;
         o.backend = backend;
         o.backend_opt.precise_gemm = precise_gemm;
+        o.weights = "checkpoint";  // every backend runs the checkpoint's own weights: the comparisons are of backends
         e = std::make_unique<engine>(o);
     }
     return *e;

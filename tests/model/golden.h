@@ -22,7 +22,8 @@ class golden {
     st_file f_;
 };
 
-// One engine per (model directory, backend), shared by the tests of a process (loading is cheap, not free).
+// One engine per (model directory, backend, GEMM mode), shared by the tests of a process (loading is cheap, not
+// free). Engines run the checkpoint's own weights on every backend (--weights checkpoint).
 engine& shared_engine(const std::string& model_dir, const std::string& backend, bool precise_gemm = false);
 engine& cpu_engine(const std::string& model_dir);
 

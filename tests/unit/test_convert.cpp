@@ -266,6 +266,27 @@ TEST(convert, weight_formats_at_load) {
     EXPECT_THROW(prepare_weights(m, "q3", "cpu"), tansy::error);
 }
 
+// auto: the GPU runs 4-bit weights, so an unquantised checkpoint is quantised at load there (the same bytes as
+// --weights q4); an already-quantised one is kept; the CPU keeps what the checkpoint holds.
+TEST(convert, auto_weights_are_q4_on_cuda) {
+    json cfg = test::synth_config();
+    const std::string src = test::temp_dir("conv-auto");
+    test::write_checkpoint(src, cfg, test::synth_tensors(cfg, 8));
+    model a = load_model(src), b = load_model(src);
+    const quantize_report r = prepare_weights(a, "auto", "cuda");
+    EXPECT_GT(r.matrices, 0);
+    EXPECT_LT(r.bytes_after, r.bytes_before);
+    for (const linear_module& lm : linear_modules(a.w, a.cfg))  // all but widths the group does not divide
+        EXPECT_EQ(lm.parts[0]->fmt, lm.parts[0]->cols % 64 == 0 ? wfmt::affine : wfmt::dense) << lm.path;
+    EXPECT_EQ(prepare_weights(b, "q4", "cpu").matrices, r.matrices);
+    const matrix &ga = a.w.layers[0].moe.gate[0], &gb = b.w.layers[0].moe.gate[0];
+    EXPECT_EQ(0, memcmp(ga.w, gb.w, (size_t)ga.rows * ga.row_bytes()));  // the same quantisation
+    EXPECT_EQ(prepare_weights(a, "auto", "cuda").matrices, 0);  // already quantised: kept
+    model c = load_model(src);
+    EXPECT_EQ(prepare_weights(c, "auto", "cpu").matrices, 0);
+    EXPECT_EQ(c.w.layers[0].moe.gate[0].fmt, wfmt::dense);
+}
+
 TEST(convert, output_matches_the_numpy_dequantised_reference) {
     // tests/golden/tiny-gqa-q4.safetensors: tools/dequant_reference.py run on `tansy convert` of tiny-gqa with
     // the default options; its dequantisation and float64 forward are independent of the C++ loader and ops.
