@@ -35,8 +35,8 @@ int cmd_serve(int argc, char** argv) {
     arg_parser p("serve", "[options]",
                  "Serves the model over HTTP with the OpenAI API: POST /v1/chat/completions, POST /v1/completions\n"
                  "(streamed with \"stream\": true), GET /v1/models, GET /health (503 while loading), GET /metrics\n"
-                 "(Prometheus). Requests are batched continuously: new ones are prefilled while the running ones\n"
-                 "decode together. SIGINT/SIGTERM stop accepting, let running requests finish (--shutdown-timeout),\n"
+                 "(Prometheus). Requests are batched continuously: the running ones decode together, and new\n"
+                 "prompts are prefilled a chunk per step between those decode steps. SIGINT/SIGTERM stop accepting, let running requests finish (--shutdown-timeout),\n"
                  "and exit 0; a second signal exits at once. The API key may also come from $TANSY_API_KEY.");
     add_engine_options(p);
     p.option("--host", "ADDR", "address to listen on (default 127.0.0.1)")
@@ -48,7 +48,7 @@ int cmd_serve(int argc, char** argv) {
         .option("--ctx-size", "N", "tokens per sequence, prompt + completion (default min(model maximum, 32768))")
         .option("--state-memory", "MIB", "KV cache + recurrent state of running sequences, at most (default: half of\n"
                                          "                            available memory on cpu, 16384 on cuda)")
-        .option("--prefill-budget", "N", "prompt tokens prefilled per scheduler step (default 4096)")
+        .option("--prefill-budget", "N", "prompt tokens prefilled per scheduler step, between decode steps of the running sequences (default 8192)")
         .option("--max-body", "MIB", "largest request body accepted (default 8; larger gets 413)")
         .option("--http-threads", "N", "concurrent connections (default max(64, 2 x (max-batch + max-queue)))")
         .option("--shutdown-timeout", "S", "seconds running requests get to finish on shutdown (default 10)")
@@ -74,7 +74,7 @@ int cmd_serve(int argc, char** argv) {
     const int64_t mib = p.integer("--state-memory", 0);
     if (mib < 0) fail("serve: --state-memory must be >= 0");
     o.sched.state_budget = mib > 0 ? (size_t)mib << 20 : o.engine.backend == "cpu" ? half_available_memory() : size_t(16) << 30;
-    o.sched.prefill_budget = p.integer("--prefill-budget", 4096);
+    o.sched.prefill_budget = p.integer("--prefill-budget", 8192);
     if (o.sched.prefill_budget < 1) fail("serve: --prefill-budget must be >= 1");
     const int64_t body = p.integer("--max-body", 8);
     if (body < 1) fail("serve: --max-body must be >= 1");

@@ -34,6 +34,7 @@ struct scheduler::sequence {
     sampler smp;
     std::unique_ptr<seq_state> st;
     int32_t next = -1;  // the token the next decode step feeds (-1: not prefilled yet)
+    int64_t prefilled = 0;  // prompt tokens processed so far (prompts advance a chunk per scheduler step)
     int64_t generated = 0;
     bool done = false;
     std::unordered_map<int32_t, int> counts;  // generated ids (presence/frequency penalties)
@@ -214,16 +215,25 @@ void scheduler::pick_and_emit(sequence& s, const float* row, int32_t device_argm
     }
 }
 
-void scheduler::prefill(sequence& s) {
+// One chunk of s's prompt (the same chunks engine::generate makes: forward_pass::prefill_chunk tokens); the
+// last one yields the first token.
+void scheduler::prefill_chunk(sequence& s) {
     backend& be = eng_.be();
     const auto t0 = sched_clock::now();
     const std::vector<int32_t>& p = s.req.prompt;
-    eng_.check_ids(p);
-    const int64_t T = (int64_t)p.size();
+    if (s.prefilled == 0) eng_.check_ids(p);
+    const int64_t T = std::min<int64_t>((int64_t)p.size() - s.prefilled, eng_.fwd().prefill_chunk);
+    const bool last = s.prefilled + T == (int64_t)p.size();
     if (ids_.t().rows < T) ids_ = be.alloc(std::max<int64_t>(T, opt_.max_batch), 1, dtype::i32);
     const tensor ids = ids_.t().rows_view(0, T);
-    be.upload(ids, p.data());
-    const tensor logits = eng_.fwd().prefill(ids, *s.st, logits_rows::last);
+    be.upload(ids, p.data() + s.prefilled);
+    const tensor logits = eng_.fwd().prefill(ids, *s.st, last ? logits_rows::last : logits_rows::none);
+    s.prefilled += T;
+    if (!last) {
+        be.synchronize();  // the step's compute time belongs to this sequence's prefill
+        s.prefill_s += std::chrono::duration<double>(sched_clock::now() - t0).count();
+        return;
+    }
     const tensor am = argmax_.t().rows_view(0, 1);
     be.argmax(am, logits, eng_.n_valid_tokens());
     int32_t dev = 0;
@@ -234,8 +244,31 @@ void scheduler::prefill(sequence& s) {
         be.download(host_logits_.data(), logits);
         row = host_logits_.data();
     }
-    s.prefill_s = std::chrono::duration<double>(sched_clock::now() - t0).count();
+    s.prefill_s += std::chrono::duration<double>(sched_clock::now() - t0).count();
     pick_and_emit(s, row, dev);
+}
+
+// Advances the prompts being prefilled by a chunk each, in admission order, up to prefill_budget tokens per
+// step (at least one chunk): a long prompt no longer stalls the running sequences, which decode between its
+// chunks.
+void scheduler::prefill_step() {
+    int64_t budget = opt_.prefill_budget;
+    bool first = true;
+    for (auto& sp : active_) {
+        sequence& s = *sp;
+        if (s.done || !s.st || s.prefilled >= (int64_t)s.req.prompt.size()) continue;
+        const int64_t n = std::min<int64_t>((int64_t)s.req.prompt.size() - s.prefilled, eng_.fwd().prefill_chunk);
+        if (!first && n > budget) break;
+        first = false;
+        budget -= n;
+        try {
+            prefill_chunk(s);
+            if (s.next >= 0) prompt_total_ += s.req.prompt.size();
+        } catch (const std::exception& e) {
+            s.st.reset();
+            finish(s, finish_reason::error, e.what());
+        }
+    }
 }
 
 void scheduler::decode() {
@@ -317,18 +350,17 @@ void scheduler::loop() {
                 stats_.state_bytes = 0;
                 return;
             }
-            // Admission: FIFO, bounded by the batch size, the state budget and the prefill budget.
+            // Admission: FIFO, bounded by the batch size and the state budget (prefill_step bounds the prompt
+            // tokens processed per step).
             size_t bytes = 0;
             for (const auto& s : active_) bytes += s->st ? s->st->bytes() : 0;
-            int64_t prefill_tokens = 0;
             while (!queue_.empty() && (int)(active_.size() + admitted.size()) < opt_.max_batch) {
                 const sequence& s = *queue_.front();
                 const int64_t T = (int64_t)s.req.prompt.size();
                 const size_t need = state_estimate(T, capacity_for(T + s.req.max_tokens));
                 const bool alone = active_.empty() && admitted.empty();
-                if (!alone && (bytes + need > opt_.state_budget || prefill_tokens + T > opt_.prefill_budget)) break;
+                if (!alone && bytes + need > opt_.state_budget) break;
                 bytes += need;
-                prefill_tokens += T;
                 admitted.push_back(std::move(queue_.front()));
                 queue_.pop_front();
             }
@@ -347,13 +379,13 @@ void scheduler::loop() {
             active_.push_back(std::move(s));
             try {
                 seq.st = eng_.new_sequence(capacity_for((int64_t)seq.req.prompt.size() + seq.req.max_tokens));
-                prefill(seq);
-                prompt_total_ += seq.req.prompt.size();
             } catch (const std::exception& e) {
                 seq.st.reset();
                 finish(seq, finish_reason::error, e.what());
             }
         }
+        sweep_finished();
+        prefill_step();
         sweep_finished();
         try {
             decode();

@@ -2,8 +2,9 @@
 // and its backend, which are single-threaded) loops:
 //   1. takes cancellations, frees their states at once;
 //   2. admits queued sequences (FIFO) while the batch is under max_batch and their state fits the memory
-//      budget, and prefills them, each whole prompt in chunks of at most the engine's prefill_chunk tokens
-//      (forward_pass::prefill, what engine::generate does, so a lone greedy request gives exactly its tokens);
+//      budget; advances the prompts being prefilled by one chunk each (the engine's prefill_chunk tokens, the
+//      chunks engine::generate makes, so a lone greedy request gives exactly its tokens), up to prefill_budget
+//      tokens per step, so a long prompt does not stall the running sequences;
 //   3. decodes every running sequence together: one forward_pass::run with one single-token span per sequence;
 //   4. picks each sequence's next token with its own sampler (penalties, constraint, logprobs on the host;
 //      plain greedy rows use the backend's argmax, as engine::generate does), reports it to the sequence's
@@ -93,7 +94,7 @@ struct scheduler_options {
     int max_batch = 16;                 // sequences decoded together
     int max_queue = 64;                 // admitted-but-waiting sequences; beyond: submit() refuses
     size_t state_budget = size_t(8) << 30;  // bytes of sequence state (KV cache + recurrent state) in use at most
-    int64_t prefill_budget = 4096;      // prompt tokens prefilled per iteration (at least one prompt)
+    int64_t prefill_budget = 8192;      // prompt tokens prefilled per iteration (at least one chunk)
     // > 0: every state gets this capacity (the CUDA backend batches only sequences of equal capacity; the CPU
     // backend grows its KV cache on demand, so there it costs nothing); 0: each gets prompt + max_tokens.
     int64_t seq_capacity = 0;
@@ -130,7 +131,8 @@ class scheduler {
     struct sequence;
     void loop();
     void admit(std::vector<sequence*>& fresh);
-    void prefill(sequence& s);
+    void prefill_chunk(sequence& s);
+    void prefill_step();
     void decode();
     void pick_and_emit(sequence& s, const float* row, int32_t device_argmax);
     void finish(sequence& s, finish_reason r, const std::string& error = "");

@@ -137,6 +137,42 @@ TEST(scheduler, prompts_prefilled_in_chunks_give_the_same_tokens) {
     fw.prefill_chunk = saved;
 }
 
+// A long prompt is prefilled a chunk per step: the sequence already decoding gets tokens between its chunks, and
+// both give the tokens they give alone.
+TEST(scheduler, long_prompts_interleave_with_decoding) {
+    forward_pass& fw = tiny().eng().fwd();
+    const int64_t saved = fw.prefill_chunk;
+    fw.prefill_chunk = 8;
+    const std::vector<int32_t> pa = chat_prompt("Hi"), pb = chat_prompt(
+        "Explain in detail how Python's heapq module keeps the heap invariant when items are pushed and popped, "
+        "with an example, and say what happens to the heap when the same item is pushed twice or the list is sorted.");
+    ASSERT_GT(pb.size(), 6 * 8u);
+    const std::vector<int32_t> ra = reference_greedy(pa, 40), rb = reference_greedy(pb, 4);
+    {
+        scheduler_options so;
+        so.prefill_budget = 8;
+        scheduler s(tiny().eng(), so);
+        auto a = std::make_shared<collect_sink>(), b = std::make_shared<collect_sink>();
+        ASSERT_EQ(s.submit(1, make_request(pa, 40, a)), scheduler::submit_status::ok);
+        a->wait_tokens(2);
+        const auto tb = sched_clock::now();
+        ASSERT_EQ(s.submit(2, make_request(pb, 4, b)), scheduler::submit_status::ok);
+        b->wait();
+        a->wait();
+        EXPECT_EQ(a->ids(), ra);
+        EXPECT_EQ(b->ids(), rb);
+        ASSERT_FALSE(b->events().empty());
+        const auto b_first = b->events().front().t;
+        int between = 0, a_after = 0;
+        for (const token_event& e : a->events()) between += e.t > tb && e.t < b_first, a_after += e.t > tb;
+        // B takes >= 6 prefill steps; A decodes in each (unless it ran out of tokens first)
+        EXPECT_GE(between, std::min(a_after, 4)) << "the running sequence waited for the whole prompt";
+        printf("[ interleave ] A: %zu tokens, %d after B arrived, %d of them before B's first token\n", ra.size(), a_after,
+               between);
+    }
+    fw.prefill_chunk = saved;
+}
+
 TEST(scheduler, batched_sequences_do_not_mix) {
     // Different prompts and lengths, submitted together so they decode in shared steps. Each must produce the
     // tokens it produces alone (the CPU backend computes every batch row independently).
