@@ -54,6 +54,7 @@ TEST(cli, errors_are_one_line_with_exit_1) {
         "generate --ids-file " + d + "/ids.txt --backend tpu",
         "generate --ids-file " + d + "/ids.txt --prefill-chunk 0",
         "logits --ids-file " + d + "/ids.txt --out " + d + "/x.safetensors --prefill-chunk -3",
+        "generate --ids-file " + d + "/ids.txt --gemm exact",
         "bench --prompts 0",
         "bench --prompts 256,x",
         "eval --ids-file " + d + "/ids.txt --reference /nonexistent.safetensors --reference-key x",
@@ -112,6 +113,7 @@ TEST(cli, prefill_chunk_gives_the_same_logits_and_ids) {
     EXPECT_LT(j["references"][0]["mean_kl"].get<double>(), 1e-9);
     const std::string gen = "generate --model " + m + " --ids-file " + d + "/ids.txt -n 8 --greedy --output-ids";
     EXPECT_EQ(stdout_only(gen + " --prefill-chunk 3"), stdout_only(gen));
+    EXPECT_EQ(stdout_only(gen + " --gemm precise"), stdout_only(gen));  // a CUDA option: the CPU is fp32 anyway
 }
 
 TEST(cli, bench_prefill_rows_on_the_cpu) {
