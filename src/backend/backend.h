@@ -125,7 +125,7 @@ class backend {
 struct backend_options {
     uint64_t synthetic_seed = 1;  // weights a backend generates for a synthetic model (model::synthetic)
     float router_skew = 0.0f;     // > 0: synthetic routing prefers some experts (Zipf-like), as real traffic does
-    // Matrix products over many rows (prompts) with ~fp32 accuracy (split bf16 operands) instead of bf16 inputs.
+    // Matrix products over many rows (prompts) with ~fp32 accuracy (split bf16 operands) instead of fp16 inputs.
     bool precise_gemm = false;
 };
 

@@ -23,11 +23,11 @@ void add_engine_options(arg_parser& p) {
         .option("--backend", "NAME", "cpu or cuda (default cpu)")
         .option("--threads", "N", "CPU threads (default: all cores)")
         .option("--weights", "W",
-                "auto (default: the checkpoint's format), q4 (quantise a bf16 checkpoint at load, as tansy convert "
-                "does) or bf16")
+                "auto (default: the checkpoint's format, except that cuda quantises an unquantised checkpoint to "
+                "4 bits), q4 (quantise a bf16 checkpoint at load, as tansy convert does) or bf16")
         .option("--prefill-chunk", "N", "prompt tokens per forward step (default 8192): bounds the activation memory")
         .option("--gemm", "MODE",
-                "cuda prompt processing: fast (bf16 tensor-core inputs, the default) or precise (bf16 hi + lo pairs: "
+                "cuda prompt processing: fast (fp16 tensor-core inputs, the default) or precise (bf16 hi + lo pairs: "
                 "~fp32 results, slower)")
         .option("--verbose", "", "log loading details", "-v");
 }

@@ -48,7 +48,8 @@ int cmd_serve(int argc, char** argv) {
         .option("--ctx-size", "N", "tokens per sequence, prompt + completion (default min(model maximum, 32768))")
         .option("--state-memory", "MIB", "KV cache + recurrent state of running sequences, at most (default: half of\n"
                                          "                            available memory on cpu, 16384 on cuda)")
-        .option("--prefill-budget", "N", "prompt tokens prefilled per scheduler step, between decode steps of the running sequences (default 8192)")
+        .option("--prefill-budget", "N", "prompt tokens prefilled per scheduler step, between decode steps of the running sequences (at least one "
+                  "--prefill-chunk; default 8192)")
         .option("--max-body", "MIB", "largest request body accepted (default 8; larger gets 413)")
         .option("--http-threads", "N", "concurrent connections (default max(64, 2 x (max-batch + max-queue)))")
         .option("--shutdown-timeout", "S", "seconds running requests get to finish on shutdown (default 10)")

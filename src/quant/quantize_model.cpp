@@ -254,10 +254,12 @@ quantize_report prepare_weights(model& m, const std::string& weights, const std:
         // quantiser and policy; the CPU reference keeps the checkpoint's format.
         if (backend != "cuda" || m.synthetic) return {};
         const quant_policy policy;
-        bool dense = false;  // anything quantize_model would change
-        for (const linear_module& lm : linear_modules(m.w, m.cfg))
+        bool dense = false, quantised = false;  // an already-quantised checkpoint keeps its choices (e.g. a bf16 gate)
+        for (const linear_module& lm : linear_modules(m.w, m.cfg)) {
             dense |= lm.parts[0]->fmt == wfmt::dense && lm.parts[0]->cols % policy.group == 0;
-        if (!dense) return {};
+            quantised |= lm.parts[0]->fmt == wfmt::affine;
+        }
+        if (!dense || quantised) return {};
         TANSY_WARN("quantising the bf16 checkpoint to 4 bits for the GPU (--weights bf16 keeps bf16; `tansy convert` "
                  "once saves doing this at every load)");
         quantize_report r = quantize_model(m, policy);

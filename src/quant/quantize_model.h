@@ -82,8 +82,8 @@ struct quantize_report {
 quantize_report quantize_model(model& m, const quant_policy& policy);
 
 // The weight formats an engine runs (engine_options::weights):
-//   auto        the backend's default: cuda quantises an unquantised checkpoint as q4 does; cpu keeps the
-//               checkpoint's own format
+//   auto        the backend's default: cuda quantises an unquantised checkpoint (no affine matrix at all) as q4
+//               does; cpu, and cuda with an already-quantised checkpoint, keep the checkpoint's own format
 //   checkpoint  as stored
 //   q4          dense matrices quantised at load by the default quant_policy (mse, 4 bits, the 8-bit modules
 //               of tansy convert): the same weights `tansy convert` writes

@@ -35,6 +35,7 @@ struct scheduler::sequence {
     std::unique_ptr<seq_state> st;
     int32_t next = -1;  // the token the next decode step feeds (-1: not prefilled yet)
     int64_t prefilled = 0;  // prompt tokens processed so far (prompts advance a chunk per scheduler step)
+    size_t need = 0;        // state bytes it was admitted on (a state that grows on demand shows less until filled)
     int64_t generated = 0;
     bool done = false;
     std::unordered_map<int32_t, int> counts;  // generated ids (presence/frequency penalties)
@@ -353,7 +354,7 @@ void scheduler::loop() {
             // Admission: FIFO, bounded by the batch size and the state budget (prefill_step bounds the prompt
             // tokens processed per step).
             size_t bytes = 0;
-            for (const auto& s : active_) bytes += s->st ? s->st->bytes() : 0;
+            for (const auto& s : active_) bytes += std::max(s->need, s->st ? s->st->bytes() : 0);
             while (!queue_.empty() && (int)(active_.size() + admitted.size()) < opt_.max_batch) {
                 const sequence& s = *queue_.front();
                 const int64_t T = (int64_t)s.req.prompt.size();
@@ -361,6 +362,7 @@ void scheduler::loop() {
                 const bool alone = active_.empty() && admitted.empty();
                 if (!alone && bytes + need > opt_.state_budget) break;
                 bytes += need;
+                queue_.front()->need = need;
                 admitted.push_back(std::move(queue_.front()));
                 queue_.pop_front();
             }

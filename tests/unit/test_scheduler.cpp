@@ -173,6 +173,36 @@ TEST(scheduler, long_prompts_interleave_with_decoding) {
     fw.prefill_chunk = saved;
 }
 
+// A sequence being prefilled a chunk at a time holds less state than it will (the CPU's KV cache grows on
+// demand): admission still charges what it was admitted on, so two prompts that do not fit together in the state
+// budget never run together.
+TEST(scheduler, admission_charges_prompts_still_being_prefilled_in_full) {
+    forward_pass& fw = tiny().eng().fwd();
+    const int64_t saved = fw.prefill_chunk;
+    fw.prefill_chunk = 8;
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 600; i++) prompt.push_back(100 + (i * 37) % 3000);
+    {
+        scheduler_options so;
+        so.prefill_budget = 8;
+        scheduler probe(tiny().eng(), so);
+        const size_t one = probe.state_estimate((int64_t)prompt.size(), (int64_t)prompt.size() + 4);
+        so.state_budget = one + one / 2;  // room for one such sequence, not two
+        scheduler s(tiny().eng(), so);
+        auto a = std::make_shared<collect_sink>(), b = std::make_shared<collect_sink>();
+        ASSERT_EQ(s.submit(1, make_request(prompt, 4, a)), scheduler::submit_status::ok);
+        ASSERT_EQ(s.submit(2, make_request(prompt, 4, b)), scheduler::submit_status::ok);
+        int most = 0;
+        while (a->finishes() == 0 || b->finishes() == 0) {
+            most = std::max(most, s.stats().active);
+            std::this_thread::sleep_for(1ms);
+        }
+        EXPECT_EQ(most, 1) << "the second prompt was admitted while the first was still being prefilled";
+        EXPECT_EQ(a->ids(), b->ids());
+    }
+    fw.prefill_chunk = saved;
+}
+
 TEST(scheduler, batched_sequences_do_not_mix) {
     // Different prompts and lengths, submitted together so they decode in shared steps. Each must produce the
     // tokens it produces alone (the CPU backend computes every batch row independently).
