@@ -109,3 +109,18 @@ TEST(cuda_attention_prefill, tiny_shapes) {
     auto p = make_pair(tiny_config());
     check_prefill(*p);
 }
+
+// The smaller variants (one query head per CTA, key tiles of 32) that GPUs with less shared memory, or odd
+// query-head groups, take: forced here, since the H200 picks 2 heads x 64 keys.
+TEST(cuda_attention_prefill, every_variant) {
+    TANSY_REQUIRE_GPU();
+    struct reset {
+        ~reset() { cuda::force_attention_prefill_variant(0, 0); }
+    } guard;
+    auto p = make_pair(real_config());
+    for (auto [hpc, bn] : {std::pair{2, 32}, std::pair{1, 64}, std::pair{1, 32}}) {
+        SCOPED_TRACE("heads per CTA " + std::to_string(hpc) + ", key tile " + std::to_string(bn));
+        cuda::force_attention_prefill_variant(hpc, bn);
+        check_prefill(*p);
+    }
+}

@@ -63,6 +63,13 @@ std::vector<T> from_device(const cuda::device_buffer& b, size_t n) {
     return v;
 }
 
+// The fast mode's A operand: rows x cols floats at dx (row stride cols) as fp16 times scale (to_f16).
+cuda::device_buffer fp16_of(const cuda::device_buffer& dx, int64_t rows, int64_t cols, float scale = 1.0f) {
+    cuda::device_buffer b(std::max<size_t>((size_t)(rows * cols), 1) * 2);
+    cuda::to_f16((uint16_t*)b.get(), (const float*)dx.get(), rows, cols, cols, scale, 0);
+    return b;
+}
+
 }  // namespace
 
 struct gemm_case {
@@ -90,11 +97,13 @@ TEST_P(cuda_gemm, dense_store_matches_cpu_twin) {
         y0a.insert(y0a.end(), y0.begin() + t * g.N, y0.begin() + t * g.N + split);
         y0b.insert(y0b.end(), y0.begin() + t * g.N + split, y0.begin() + (t + 1) * g.N);
     }
+    const cuda::device_buffer dx16 = fp16_of(dx, g.M, g.K);
     for (bool precise : {false, true}) {
         auto da = to_device(y0a), db = to_device(y0b);
         cuda::gemm_params p;
         p.precise = precise;
         p.W = W.d, p.N = g.N, p.x = (const float*)dx.get(), p.ldx = g.K, p.M = g.M;
+        p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = g.K;
         p.seg[0] = {(float*)da.get(), split, 0};
         p.seg[1] = {(float*)db.get(), g.N - split, split};
         p.n_seg = 2, p.accumulate = g.accumulate;
@@ -122,7 +131,10 @@ INSTANTIATE_TEST_SUITE_P(shapes, cuda_gemm,
                                            gemm_case{0, 1000, 4096, 129, false}, gemm_case{0, 64, 64, 1, false},
                                            gemm_case{0, 257, 512, 64, true}, gemm_case{1, 257, 2048, 64, false},
                                            gemm_case{1, 33, 192, 70, true}, gemm_case{2, 130, 512, 77, false},
-                                           gemm_case{2, 2048, 128, 31, true}));
+                                           gemm_case{2, 2048, 128, 31, true},
+                                           // from k_gemm_wide_min_rows rows: 128-row tiles, partial last tile
+                                           gemm_case{0, 1000, 1024, 600, false}, gemm_case{1, 257, 512, 517, true},
+                                           gemm_case{2, 130, 256, 530, false}));
 
 // Fast mode with activations past the fp16 range: a_scale 2^-4 keeps them exact to fp16 precision; without it
 // they saturate (finite, never inf or NaN).
@@ -135,8 +147,9 @@ TEST(cuda_gemm_scale, large_activations) {
     auto dx = to_device(x);
     cuda::device_buffer dy((size_t)(M * N) * 4);
     for (float scale : {1.0f / 16.0f, 1.0f}) {
+        const cuda::device_buffer dx16 = fp16_of(dx, M, K, scale);
         cuda::gemm_params p;
-        p.W = W.d, p.N = N, p.x = (const float*)dx.get(), p.ldx = K, p.M = M, p.a_scale = scale;
+        p.W = W.d, p.N = N, p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = K, p.M = M, p.a_scale = scale;
         p.seg[0] = {(float*)dy.get(), N, 0};
         cuda::gemm(p, 0);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -150,17 +163,23 @@ TEST(cuda_gemm_scale, large_activations) {
 // Dense SwiGLU epilogue (the shared expert): out = silu(x Wg^T) * (x Wu^T).
 TEST(cuda_gemm_swiglu, dense_matches_cpu_twin) {
     TANSY_REQUIRE_GPU();
-    for (auto [N, K, M] : {std::tuple<int64_t, int64_t, int>{512, 2048, 97}, {64, 256, 40}, {100, 128, 3}}) {
+    for (auto [N, K, M] : {std::tuple<int64_t, int64_t, int>{512, 2048, 97}, {64, 256, 40}, {100, 128, 3}, {96, 512, 700}}) {
         test_matrix Wg(dfmt::q4, N, K, 11 + (uint32_t)N), Wu(dfmt::q4, N, K, 12 + (uint32_t)N);
         auto x = test::random_normal((size_t)(M * K), 13, 1.0f);
         auto dx = to_device(x);
-        cuda::device_buffer dout((size_t)(M * N) * 4);
+        const cuda::device_buffer dx16 = fp16_of(dx, M, K);
+        cuda::device_buffer dout((size_t)(M * N) * 4), dout16((size_t)(M * N) * 2);
         cuda::gemm_params p;
-        p.W = Wg.d, p.W2 = Wu.d, p.N = N, p.x = (const float*)dx.get(), p.ldx = K, p.M = M;
+        p.W = Wg.d, p.W2 = Wu.d, p.N = N, p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = K, p.M = M;
         p.epi = cuda::gemm_epilogue::swiglu, p.out = (float*)dout.get(), p.ldo = N;
         cuda::gemm(p, 0);
+        // the same as the next GEMM's fp16 input, scaled by 2^-4 (the MoE down projection's a_scale)
+        cuda::gemm_params p16 = p;
+        p16.out = nullptr, p16.out16 = (uint16_t*)dout16.get(), p16.out16_scale = 1.0f / 16.0f;
+        cuda::gemm(p16, 0);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         auto got = from_device<float>(dout, (size_t)(M * N));
+        auto got16 = from_device<uint16_t>(dout16, (size_t)(M * N));
         for (bool round : {true, false}) {
             auto g = reference(Wg, x, M, 0, N, round), u = reference(Wu, x, M, 0, N, round);
             std::vector<float> want(g.size());
@@ -168,6 +187,8 @@ TEST(cuda_gemm_swiglu, dense_matches_cpu_twin) {
             EXPECT_LT(test::rel_error(got, want), round ? TOL_GEMM_EMULATED : 2 * TOL_GEMM_FP32)
                 << N << "x" << K << " M=" << M << (round ? " fp16-emulated" : " fp32");  // 2x: two products
         }
+        for (size_t i = 0; i < got.size(); i++)  // exactly the fp32 result, scaled and rounded once to fp16
+            ASSERT_EQ(test::f16_bits_to_float(got16[i]), f16_round(got[i] / 16.0f)) << "out16 element " << i;
     }
 }
 
@@ -202,14 +223,16 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
             ntiles(4), h((size_t)T * k * F * 4), y((size_t)T * k * D * 4);
         cuda::moe_plan((int32_t*)perm.get(), (int32_t*)pos.get(), (cuda::gemm_tile*)tiles.get(), (int32_t*)ntiles.get(),
                        (const int32_t*)didx.get(), T, E, k, 0);
+        const cuda::device_buffer dx16 = fp16_of(dx, T, D);
         cuda::gemm_params g;
-        g.W = Wg.d, g.W2 = Wu.d, g.N = F, g.x = (const float*)dx.get(), g.ldx = D;
+        g.W = Wg.d, g.W2 = Wu.d, g.N = F, g.x16 = (const uint16_t*)dx16.get(), g.ldx16 = D;
         g.gather = (const int32_t*)perm.get(), g.gather_div = k;
         g.tiles = (const cuda::gemm_tile*)tiles.get(), g.n_tiles = (const int32_t*)ntiles.get(), g.max_tiles = max_tiles;
         g.epi = cuda::gemm_epilogue::swiglu, g.out = (float*)h.get(), g.ldo = F;
         cuda::gemm(g, 0);
         cuda::gemm_params d = g;
-        d.W = Wd.d, d.W2 = {}, d.N = D, d.x = (const float*)h.get(), d.ldx = F, d.gather = nullptr;
+        const cuda::device_buffer h16 = fp16_of(h, (int64_t)T * k, F);
+        d.W = Wd.d, d.W2 = {}, d.N = D, d.x16 = (const uint16_t*)h16.get(), d.ldx16 = F, d.gather = nullptr;
         d.epi = cuda::gemm_epilogue::rows, d.out = (float*)y.get(), d.ldo = D;
         cuda::gemm(d, 0);
         cuda::moe_combine((float*)dres.get(), D, (const float*)y.get(), (const float*)dys.get(), (const int32_t*)pos.get(),

@@ -25,6 +25,13 @@ inline float f16_round(float v) {
     return std::clamp(std::nearbyint(v / q) * q, -65504.0f, 65504.0f);
 }
 
+// An IEEE half (as to_f16 and the fast GEMM's fp16 outputs store it) as a float.
+inline float f16_bits_to_float(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const float mag = e == 0 ? std::ldexp((float)m, -24) : e == 31 ? INFINITY : std::ldexp((float)(m | 1024), e - 25);
+    return (h & 0x8000) ? -mag : mag;
+}
+
 // A random matrix in a checkpoint format on the host (matrix view) and on the device (dmat).
 struct test_matrix {
     matrix m;

@@ -47,5 +47,8 @@ void attention_decode(const attn_params& p, cudaStream_t stream);
 // Causal flash attention (tensor cores) with the output gate into p.out, for the rows of long spans. Run
 // after attention_prep, with attention_decode, on the same params: each writes only its own rows.
 void attention_prefill(const attn_params& p, cudaStream_t stream);
+// Forces attention_prefill's variant for the whole process (tests): query heads per CTA (1 or 2) and keys per
+// tile (32 or 64); 0 = the largest that the head grouping and the device's shared memory allow (the default).
+void force_attention_prefill_variant(int heads_per_cta, int block_n);
 
 }  // namespace tansy::cuda

@@ -13,8 +13,14 @@
 //     note: a CTA per query head, not per KV head with its G query heads: the O accumulator of 16 rows x 256
 //     is already 128 registers per thread, so a CTA cannot keep G heads' O; the G CTAs of a group read the
 //     same K/V tiles at the same pace (head is the fastest grid index), so the repeats are L2 hits.
-//     v2 ideas: split the keys of long contexts over CTAs (few query tiles at a long context leave SMs idle);
-//     pack G heads of few positions into the 64 rows; wgmma/TMA on sm_90.
+// v2: L2 bandwidth bound, not tensor-core bound: each CTA read 64 KB of K/V from L2 per key tile for 4 MFLOP
+//     (64 rows), ~5 TB/s of L2 traffic at the measured ~310 TFLOP/s at 128K. A CTA now takes the same 64-row
+//     tile of HPC = 2 query heads of one KV group (8 warps; each warp one head's 16 rows), so every K/V tile
+//     it loads serves twice the FLOPs, and K/V are double buffered (tile kt+1 streams in during the whole of
+//     tile kt: one barrier per tile instead of four). smem at dh 256: (128 + 4 x 64) rows x 528 B = 198 KB, one
+//     CTA (8 warps) per SM on sm_90. Smaller devices, or an odd number of query heads per KV head, take
+//     HPC = 1 and/or key tiles of 32 (the launcher picks the largest that fits; tests force each).
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -26,52 +32,55 @@ namespace tansy::cuda {
 
 namespace {
 
-constexpr int BLOCK_M = 64;  // query rows per CTA: 4 warps x 16 (the m of one mma)
-constexpr int BLOCK_N = 64;  // keys per tile
-constexpr int N_WARPS = BLOCK_M / 16, N_THREADS = N_WARPS * 32;
+std::atomic<int> g_forced_hpc{0}, g_forced_bn{0};  // force_attention_prefill_variant
 
-template <int DH>
-struct prefill_layout {
+constexpr int BLOCK_M = 64;  // query rows per head and CTA: 4 warps x 16 (the m of one mma)
+
+template <int DH, int HPC, int BN>
+struct prefill_cfg {
+    static constexpr int WARPS = 4 * HPC, THREADS = WARPS * 32;
     // note: rows padded by 8 bf16 (16 bytes): a row is then 33 16-byte units apart from the next, so the 8
     // row addresses of one ldmatrix phase fall in 8 different bank groups (no conflicts, no swizzle needed)
     static constexpr int LD = DH + 8;
-    static constexpr size_t SMEM = (size_t)(BLOCK_M + 2 * BLOCK_N) * LD * sizeof(uint16_t);  // sQ | sK | sV
+    static constexpr int Q_ROWS = HPC * BLOCK_M;
+    // sQ [HPC*64 rows] | stage 0: sK, sV [BN rows each] | stage 1: sK, sV
+    static constexpr size_t SMEM = (size_t)(Q_ROWS + 4 * BN) * LD * sizeof(uint16_t);
 };
 
-// One key tile (BLOCK_N rows of DH bf16, row stride kvd in the cache) into shared memory; keys >= n_keys are
+// One key tile (BN rows of DH bf16, row stride kvd in the cache) into shared memory; keys >= n_keys are
 // zero-filled, never read (they may lie past the cache's capacity, and zeros keep 0 * V finite).
-template <int DH>
+template <int DH, int THREADS, int BN>
 __device__ __forceinline__ void load_kv_tile(uint16_t* dst, const uint16_t* src, int64_t kvd, int k0, int n_keys) {
-    constexpr int CHUNKS = DH / 8;            // 16-byte chunks per row
-    constexpr int ROWS = N_THREADS / CHUNKS;  // rows per pass; a warp copies whole rows (coalesced)
-    static_assert(N_THREADS % CHUNKS == 0 && BLOCK_N % ROWS == 0, "whole rows per pass");
+    constexpr int CHUNKS = DH / 8;          // 16-byte chunks per row
+    constexpr int ROWS = THREADS / CHUNKS;  // rows per pass; a warp copies whole rows (coalesced)
+    static_assert(THREADS % CHUNKS == 0 && BN % ROWS == 0, "whole rows per pass");
     // note: one running source pointer; per-pass 64-bit offsets kept in registers cost 400 bytes of spills
     const int jt = threadIdx.x / CHUNKS, d = (threadIdx.x % CHUNKS) * 8;
     const uint16_t* s = src + (int64_t)(k0 + jt) * kvd + d;
-    uint16_t* t = dst + jt * prefill_layout<DH>::LD + d;
+    uint16_t* t = dst + jt * (DH + 8) + d;
 #pragma unroll
-    for (int it = 0; it < BLOCK_N / ROWS; it++) {
+    for (int it = 0; it < BN / ROWS; it++) {
         const bool ok = k0 + jt + it * ROWS < n_keys;
-        cp_async16_zfill(t + it * ROWS * prefill_layout<DH>::LD, ok ? s : src, ok);
+        cp_async16_zfill(t + it * ROWS * (DH + 8), ok ? s : src, ok);
         s += ROWS * kvd;
     }
 }
 
-// grid (Hq, tiles): blockIdx.y counts the 64-row tiles of the long spans (span by span; the grid is an upper
-// bound and CTAs past the last tile exit). Each (span, tile) is found by walking p.spans on the device, so a
-// captured graph stays valid and nothing is uploaded per call.
-template <int DH>
-__global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params p) {
-    using L = prefill_layout<DH>;
-    constexpr int LD = L::LD, NT_S = BLOCK_N / 8, NT_O = DH / 8;  // n-tiles of 8 in S and in O
+// grid (Hq / HPC, tiles): blockIdx.y counts the 64-row tiles of the long spans (span by span; the grid is an
+// upper bound and CTAs past the last tile exit). Each (span, tile) is found by walking p.spans on the device, so
+// a captured graph stays valid and nothing is uploaded per call.
+template <int DH, int HPC, int BN>
+__global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_kernel(const attn_params p) {
+    using C = prefill_cfg<DH, HPC, BN>;
+    constexpr int LD = C::LD, NT_S = BN / 8, NT_O = DH / 8;  // n-tiles of 8 in S and in O
+    constexpr int STAGE = 2 * BN * LD;                         // one stage: K then V
     extern __shared__ __align__(16) uint16_t smem[];
-    uint16_t* sQ = smem;                 // [BLOCK_M][LD]
-    uint16_t* sK = sQ + BLOCK_M * LD;    // [BLOCK_N][LD]
-    uint16_t* sV = sK + BLOCK_N * LD;    // [BLOCK_N][LD]
+    uint16_t* sQ = smem;                    // [HPC * BLOCK_M][LD]: head h0's rows, then h0 + 1's
+    uint16_t* sKV = sQ + C::Q_ROWS * LD;    // [2 stages][K, V][BN][LD]
     pdl_trigger();  // the o_proj GEMV waits (griddepcontrol.wait) for this grid to finish anyway
 
     // 1. this CTA's span and tile; the heaviest (last) tile of a span gets the lowest index, so it starts first
-    const int h = blockIdx.x, kvh = h / (p.Hq / p.Hkv);
+    const int h0 = blockIdx.x * HPC, kvh = h0 / (p.Hq / p.Hkv);
     int tile = blockIdx.y, si = -1, n = 0, row0 = 0;
     for (int s = 0; s < p.n_spans; s++) {
         const dspan sp = p.spans[s];
@@ -90,32 +99,37 @@ __global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params
     const int pos_min = sq.meta[0] + r0;              // n_past before this step + offset
     const int pos_max = pos_min + n_rows - 1;
     const int n_keys = pos_max + 1;                   // causal: no row of the tile sees past pos_max
-    const int n_tiles = (n_keys + BLOCK_N - 1) / BLOCK_N;
+    const int n_tiles = (n_keys + BN - 1) / BN;
     const int64_t kvd = p.shape.kvd;
     const uint16_t* Kg = kv_k(sq, p.shape, p.slot) + (int64_t)kvh * DH;
     const uint16_t* Vg = kv_v(sq, p.shape, p.slot) + (int64_t)kvh * DH;
+    auto load_stage = [&](int kt) {
+        uint16_t* st = sKV + (kt & 1) * STAGE;
+        load_kv_tile<DH, C::THREADS, BN>(st, Kg, kvd, kt * BN, n_keys);
+        load_kv_tile<DH, C::THREADS, BN>(st + BN * LD, Vg, kvd, kt * BN, n_keys);
+        cp_async_commit();
+    };
 
-    // 2. first K and V tiles in flight (two groups: K then V) while Q is converted
-    load_kv_tile<DH>(sK, Kg, kvd, 0, n_keys);
-    cp_async_commit();
-    load_kv_tile<DH>(sV, Vg, kvd, 0, n_keys);
-    cp_async_commit();
+    // 2. the first K/V tile in flight while Q (the HPC heads' rows) is converted
+    load_stage(0);
     {
         const int64_t ldq = (int64_t)p.Hq * DH;
-        const float* qsrc = p.q + (int64_t)(row0 + r0) * ldq + (int64_t)h * DH;
-        static_assert(BLOCK_M * DH / 4 % N_THREADS == 0, "whole float4s per thread");
+        const float* qsrc = p.q + (int64_t)(row0 + r0) * ldq + (int64_t)h0 * DH;
+        static_assert(C::Q_ROWS * DH / 4 % C::THREADS == 0, "whole float4s per thread");
 #pragma unroll 8
-        for (int it = 0; it < BLOCK_M * DH / 4 / N_THREADS; it++) {
-            const int c = it * N_THREADS + threadIdx.x;
-            const int i = c / (DH / 4), d = (c % (DH / 4)) * 4;
+        for (int it = 0; it < C::Q_ROWS * DH / 4 / C::THREADS; it++) {
+            const int c = it * C::THREADS + threadIdx.x;
+            const int qrow = c / (DH / 4), d = (c % (DH / 4)) * 4;  // qrow = head-in-CTA * 64 + row
+            const int hh = qrow / BLOCK_M, i = qrow % BLOCK_M;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // rows past the span: zeros, never stored
-            if (i < n_rows) v = *reinterpret_cast<const float4*>(qsrc + i * ldq + d);
-            *reinterpret_cast<uint2*>(sQ + i * LD + d) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+            if (i < n_rows) v = *reinterpret_cast<const float4*>(qsrc + i * ldq + hh * DH + d);
+            *reinterpret_cast<uint2*>(sQ + qrow * LD + d) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
         }
     }
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int qr = warp * 16 + lane / 4;  // this thread's rows of the tile: qr and qr + 8
+    const int h = h0 + warp / 4;                 // this warp's query head
+    const int qr = (warp % 4) * 16 + lane / 4;   // this thread's rows of the tile: qr and qr + 8
     // positions of those rows; a row past the span takes the last real row's, which keeps it finite
     const int pos_r[2] = {pos_min + min(qr, n_rows - 1), pos_min + min(qr + 8, n_rows - 1)};
     // softmax in base 2: p = 2^((s - m) * scale * log2 e), scale = 1/sqrt(dh) (the split kernel's scaling of q)
@@ -132,15 +146,17 @@ __global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params
     // b0, b1 of n-tile j+1: key l%8 + 8*(l/16), d 8*((l/8)%2). V (rows = keys, .trans): matrices (keys 0-7,
     // d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15): key l%16, d 8*(l/16).
     const uint16_t* q_lane = sQ + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;
-    const uint16_t* k_lane = sK + (lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8;
-    const uint16_t* v_lane = sV + (lane % 16) * LD + (lane / 16) * 8;
+    const int k_off = (lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8;
+    const int v_off = BN * LD + (lane % 16) * LD + (lane / 16) * 8;
 
     for (int kt = 0; kt < n_tiles; kt++) {
-        const int k0 = kt * BLOCK_N;
-        cp_async_wait<1>();  // this thread's K tile has landed (its V tile may still be in flight)
-        __syncthreads();     // everyone's K copies (and, on the first tile, the Q stores) are visible
+        const int k0 = kt * BN;
+        cp_async_wait<0>();  // this thread's copies of tile kt have landed
+        __syncthreads();     // everyone's have (and the Q stores); everyone is done with tile kt-1's stage
+        if (kt + 1 < n_tiles) load_stage(kt + 1);  // into tile kt-1's stage: in flight during all of tile kt
+        const uint16_t* st = sKV + (kt & 1) * STAGE;
 
-        // 3. S = Q K^T (raw scores, 16 x 64 per warp)
+        // 3. S = Q K^T (raw scores, 16 x BN per warp)
         float s[NT_S][4];
 #pragma unroll
         for (int j = 0; j < NT_S; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -151,18 +167,15 @@ __global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params
 #pragma unroll
             for (int j = 0; j < NT_S; j += 2) {
                 uint32_t b[4];
-                ldmatrix_x4(b, k_lane + j * 8 * LD + ks * 16);
+                ldmatrix_x4(b, st + k_off + j * 8 * LD + ks * 16);
                 mma_bf16(s[j], a, b[0], b[1]);
                 mma_bf16(s[j + 1], a, b[2], b[3]);
             }
         }
-        __syncthreads();  // every warp is done with sK: the next K tile may overwrite it
-        if (kt + 1 < n_tiles) load_kv_tile<DH>(sK, Kg, kvd, k0 + BLOCK_N, n_keys);
-        cp_async_commit();  // (possibly empty: keeps the group count uniform)
 
         // 4. causal mask, only where the tile reaches past the first row's position: key > position -> -inf
         //    (key 0 is in the first tile and visible to every row, so m is finite from the first tile on)
-        if (k0 + BLOCK_N - 1 > pos_min) {
+        if (k0 + BN - 1 > pos_min) {
 #pragma unroll
             for (int j = 0; j < NT_S; j++)
 #pragma unroll
@@ -184,7 +197,7 @@ __global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params
             msc[r] = mx * sl2;
         }
         // P as the A operand of P V: k-step c (keys 16c..16c+15) is S n-tiles 2c (a0, a1) and 2c+1 (a2, a3)
-        uint32_t pa[BLOCK_N / 16][4];
+        uint32_t pa[BN / 16][4];
         float rs[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int j = 0; j < NT_S; j++) {
@@ -198,23 +211,17 @@ __global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params
 #pragma unroll
         for (int j = 0; j < NT_O; j++) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
 
-        cp_async_wait<1>();  // this thread's V tile has landed (the next K tile may still be in flight)
-        __syncthreads();
-
         // 6. O += P V
 #pragma unroll
-        for (int c = 0; c < BLOCK_N / 16; c++) {
+        for (int c = 0; c < BN / 16; c++) {
 #pragma unroll
             for (int j = 0; j < NT_O; j += 2) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, v_lane + c * 16 * LD + j * 8);
+                ldmatrix_x4_trans(b, st + v_off + c * 16 * LD + j * 8);
                 mma_bf16(o[j], pa[c], b[0], b[1]);
                 mma_bf16(o[j + 1], pa[c], b[2], b[3]);
             }
         }
-        __syncthreads();  // every warp is done with sV
-        if (kt + 1 < n_tiles) load_kv_tile<DH>(sV, Vg, kvd, k0 + BLOCK_N, n_keys);
-        cp_async_commit();
     }
 
     // 7. out = O / l * sigmoid(gate) (combine_kernel's arithmetic), rows of the span only
@@ -241,27 +248,49 @@ __global__ void __launch_bounds__(N_THREADS, 2) prefill_kernel(const attn_params
     }
 }
 
-template <int DH>
+template <int DH, int HPC, int BN>
 void launch_prefill(const attn_params& p, cudaStream_t stream) {
-    constexpr size_t smem = prefill_layout<DH>::SMEM;
-    static bool configured = false;  // per instantiation: allow > 48 KB of dynamic shared memory once
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        configured = true;
-    }
+    using C = prefill_cfg<DH, HPC, BN>;
+    allow_dynamic_smem<prefill_kernel<DH, HPC, BN>>(C::SMEM);
     // upper bound on the tiles of the long spans: sum of ceil(n/64) <= ceil(T/64) + n_spans
     const int64_t tiles = ((int64_t)p.T + BLOCK_M - 1) / BLOCK_M + p.n_spans;
     TANSY_CHECK(tiles <= 65535, "cuda attention prefill: %lld row tiles", (long long)tiles);
-    prefill_kernel<DH><<<dim3((unsigned)p.Hq, (unsigned)tiles), N_THREADS, smem, stream>>>(p);
+    prefill_kernel<DH, HPC, BN><<<dim3((unsigned)(p.Hq / HPC), (unsigned)tiles), C::THREADS, C::SMEM, stream>>>(p);
+}
+
+// The variant for these params: forced ones as given, else the largest (heads per CTA first, then key tile)
+// that divides the query-head group and fits the device's shared memory.
+template <int DH>
+void launch_variant(const attn_params& p, cudaStream_t stream) {
+    const int group = p.Hq / p.Hkv;
+    const int hpc = g_forced_hpc.load(), bn = g_forced_bn.load();
+    TANSY_CHECK(hpc == 0 || hpc == 1 || (hpc == 2 && group % 2 == 0),
+                "cuda attention prefill: %d heads per CTA with %d query heads per KV head", hpc, group);
+    TANSY_CHECK(bn == 0 || bn == 32 || bn == 64, "cuda attention prefill: key tile %d (32 or 64)", bn);
+    const size_t have = max_dynamic_smem();
+    auto fits = [&](int hh, int nn) {
+        return (hpc == 0 || hpc == hh) && (bn == 0 || bn == nn) && (hh == 1 || group % 2 == 0) &&
+               (size_t)(hh * BLOCK_M + 4 * nn) * (DH + 8) * sizeof(uint16_t) <= have;
+    };
+    if (fits(2, 64)) return launch_prefill<DH, 2, 64>(p, stream);
+    if (fits(2, 32)) return launch_prefill<DH, 2, 32>(p, stream);
+    if (fits(1, 64)) return launch_prefill<DH, 1, 64>(p, stream);
+    if (fits(1, 32)) return launch_prefill<DH, 1, 32>(p, stream);
+    TANSY_ABORT("cuda attention prefill: head_dim %d needs %zu bytes of shared memory per block, the device allows %zu",
+                DH, (size_t)(BLOCK_M + 4 * 32) * (DH + 8) * sizeof(uint16_t), have);
 }
 
 }  // namespace
+
+void force_attention_prefill_variant(int heads_per_cta, int block_n) {
+    g_forced_hpc = heads_per_cta, g_forced_bn = block_n;
+}
 
 void attention_prefill(const attn_params& p, cudaStream_t stream) {
     if (p.T == 0 || !p.spans || p.max_span < k_attn_prefill_min_rows) return;  // no long span
     TANSY_CHECK(p.Hkv > 0 && p.Hq % p.Hkv == 0, "cuda attention prefill: %d query heads over %d KV heads", p.Hq, p.Hkv);
     switch (p.dh) {
-        case 256: launch_prefill<256>(p, stream); break;
+        case 256: launch_variant<256>(p, stream); break;
         default: TANSY_ABORT("cuda attention prefill: head_dim %d is not supported (256)", p.dh);
     }
     CUDA_CHECK_LAUNCH();

@@ -47,6 +47,27 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Lets Kernel use `bytes` (> 48 KB) of dynamic shared memory: once per kernel, thread-safe (static init).
+template <auto Kernel>
+void allow_dynamic_smem(size_t bytes) {
+    static const bool done = [bytes] {
+        CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        return true;
+    }();
+    (void)done;
+}
+
+// The most dynamic shared memory one block may opt into on the current device (227 KB on sm_90).
+inline size_t max_dynamic_smem() {
+    static const size_t bytes = [] {
+        int dev = 0, v = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        return (size_t)v;
+    }();
+    return bytes;
+}
+
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
     cudaLaunchConfig_t cfg = {};

@@ -105,6 +105,7 @@ class cuda_backend final : public backend {
             a->epoch = &epoch_;
         for (auto* a : {&gather_rows_dev_, &ws_idx_, &ws_perm_, &ws_pos_, &ws_ntiles_}) a->epoch = &epoch_;
         ws_tiles_.epoch = ws_y_.epoch = ws_gdn_work_.epoch = &epoch_;
+        ws_a16_.epoch = ws_m16_.epoch = ws_h16_.epoch = &epoch_;
         rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
         inv_freq_ = device_buffer(inv.size() * sizeof(double));
         inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
@@ -267,7 +268,17 @@ class cuda_backend final : public backend {
         float* y = grouped ? ws_y_.ensure((size_t)T * (k + 1) * md.m.D) : nullptr;
         // the shared expert needs only the normalised input: on the side stream, alongside the router, top-k,
         // routing plan and routed experts (the router GEMM alone leaves a third of the SMs idle)
-        if (grouped) shared_expert_async(md.m, xin, h + (size_t)T * k * md.m.F, y + (size_t)T * k * md.m.D, T);
+        // fast mode: the experts' A operands in fp16 (the input once for all gate/up GEMMs, the SwiGLU outputs
+        // written so directly); nullptr in precise mode
+        uint16_t *m16 = nullptr, *h16 = nullptr;
+        if (grouped && !precise_gemm_) {
+            m16 = ws_m16_.ensure((size_t)T * md.m.D);
+            to_f16(m16, xin, T, md.m.D, x.cols, 1.0f, stream_);
+            h16 = ws_h16_.ensure((size_t)T * (k + 1) * std::max(md.m.F, md.m.Fs));
+        }
+        if (grouped)
+            shared_expert_async(md.m, xin, m16, h + (size_t)T * k * md.m.F, h16 ? h16 + (size_t)T * k * md.m.F : nullptr,
+                                y + (size_t)T * k * md.m.D, T);
         // [router; shared_expert_gate] rows -> logits [T, E+1], always ~fp32 (GEMV, or the precise GEMM): bf16
         // inputs move router logits by ~1e-3 relative, enough to swap the 8th and 9th expert of some tokens, which
         // changes those tokens' outputs by O(1) and makes prompt processing disagree with decode.
@@ -275,12 +286,14 @@ class cuda_backend final : public backend {
             const gemv_segment seg{logits + (part.members[0] == 0 ? 0 : E), E + 1, 0};
             dense(part.W, xin, x.cols, T, nw, eps, &seg, 1, false, /*precise=*/true);
         }
-        moe_topk(idx, wt, sig, logits, E + 1, T, E, k, md.router_bias, stream_);
+        moe_routing route;
+        route.logits = logits, route.ld = E + 1, route.bias = md.router_bias, route.idx = idx, route.wt = wt, route.sig = sig;
         if (grouped) {
-            moe_grouped(f32(x), x.cols, md.m, xin, idx, wt, sig, h, y, T);
+            moe_topk(route, T, E, k, stream_);
+            moe_grouped(f32(x), x.cols, md.m, xin, m16, idx, wt, sig, h, h16, y, T);
             return;
         }
-        moe_gate_up(h, md.m, idx, xin, x.cols, T, nw, eps, stream_);
+        moe_route_gate_up(h, md.m, route, xin, x.cols, T, nw, eps, stream_);
         moe_down(f32(x), x.cols, md.m, idx, wt, sig, h, T, stream_);
     }
 
@@ -339,6 +352,11 @@ class cuda_backend final : public backend {
             TANSY_CHECK(nw == nullptr, "gemm: normalise the input first");
             gemm_params p;
             p.W = W, p.N = W.rows, p.x = x, p.ldx = ldx, p.M = T, p.precise = precise || precise_gemm_;
+            if (!p.precise) {
+                uint16_t* a16 = ws_a16_.ensure((size_t)T * W.cols);
+                to_f16(a16, x, T, W.cols, ldx, 1.0f, stream_);
+                p.x16 = a16, p.ldx16 = W.cols;
+            }
             p.epi = gemm_epilogue::store;
             for (int i = 0; i < n_seg; i++) p.seg[i] = seg[i];
             p.n_seg = n_seg, p.accumulate = accumulate;
@@ -355,18 +373,22 @@ class cuda_backend final : public backend {
 
     // The shared expert as dense GEMMs on side_, forked from and joined back into stream_ through events (a graph
     // capture follows the fork): m = normalised input [T, D] -> hs [T, Fs] -> ys [T, D]. moe_grouped joins it.
-    void shared_expert_async(const dmoe& md, const float* m, float* hs, float* ys, int T) {
+    // Fast mode takes m16/hs16 (fp16 copies: m's, and hs's scaled by k_down_a_scale); precise mode m/hs.
+    void shared_expert_async(const dmoe& md, const float* m, const uint16_t* m16, float* hs, uint16_t* hs16, float* ys,
+                             int T) {
         CUDA_CHECK(cudaEventRecord(ev_fork_, stream_));
         CUDA_CHECK(cudaStreamWaitEvent(side_, ev_fork_, 0));
         gemm_params sg;
         sg.W = md.s_gate, sg.W2 = md.s_up, sg.N = md.Fs, sg.x = m, sg.ldx = md.D, sg.M = T;
         sg.epi = gemm_epilogue::swiglu, sg.out = hs, sg.ldo = md.Fs;
+        sg.x16 = m16, sg.ldx16 = md.D, sg.out16 = hs16, sg.out16_scale = k_down_a_scale;
         sg.precise = precise_gemm_;
         gemm(sg, side_);
         gemm_params sd;
         sd.W = md.s_down, sd.N = md.D, sd.x = hs, sd.ldx = md.Fs, sd.M = T;
         sd.epi = gemm_epilogue::rows, sd.out = ys, sd.ldo = md.D;
         sd.a_scale = k_down_a_scale;
+        sd.x16 = hs16, sd.ldx16 = md.Fs;
         sd.precise = precise_gemm_;
         gemm(sd, side_);
         CUDA_CHECK(cudaEventRecord(ev_join_, side_));
@@ -374,9 +396,10 @@ class cuda_backend final : public backend {
 
     // Routed experts as grouped GEMMs over expert-sorted slots (gate/up with SwiGLU, then down), then, once the
     // shared expert (shared_expert_async) has joined, the weighted combine into x. m = normalised input [T, D];
-    // h: T*(k+1)*max(F, Fs) floats, y: T*(k+1)*D floats, the shared expert's parts after the routed ones.
-    void moe_grouped(float* x, int64_t ldx, const dmoe& md, const float* m, const int32_t* idx, const float* wt,
-                     const float* sig, float* h, float* y, int T) {
+    // h: T*(k+1)*max(F, Fs) floats, y: T*(k+1)*D floats, the shared expert's parts after the routed ones; fast
+    // mode uses m16/h16 (as shared_expert_async) instead of m/h.
+    void moe_grouped(float* x, int64_t ldx, const dmoe& md, const float* m, const uint16_t* m16, const int32_t* idx,
+                     const float* wt, const float* sig, float* h, uint16_t* h16, float* y, int T) {
         const int E = md.E, k = md.k;
         const int64_t D = md.D, F = md.F;
         const int max_tiles = moe_max_tiles(T, E, k);
@@ -390,6 +413,7 @@ class cuda_backend final : public backend {
         g.W = md.gate, g.W2 = md.up, g.N = F, g.x = m, g.ldx = D, g.gather = perm, g.gather_div = k;
         g.tiles = tiles, g.n_tiles = n_tiles, g.max_tiles = max_tiles;
         g.epi = gemm_epilogue::swiglu, g.out = h, g.ldo = F;
+        g.x16 = m16, g.ldx16 = D, g.out16 = h16, g.out16_scale = k_down_a_scale;
         g.precise = precise_gemm_;
         gemm(g, stream_);
         gemm_params d;  // routed down: sorted rows in, sorted rows out
@@ -397,6 +421,7 @@ class cuda_backend final : public backend {
         d.tiles = tiles, d.n_tiles = n_tiles, d.max_tiles = max_tiles;
         d.epi = gemm_epilogue::rows, d.out = y, d.ldo = D;
         d.a_scale = k_down_a_scale;
+        d.x16 = h16, d.ldx16 = F;
         d.precise = precise_gemm_;
         gemm(d, stream_);
 
@@ -468,6 +493,8 @@ class cuda_backend final : public backend {
     dev_array<dseq> seqs_dev_;
     dev_array<int32_t> gather_rows_dev_, ws_idx_, ws_perm_, ws_pos_, ws_ntiles_;
     dev_array<gemm_tile> ws_tiles_;
+    // fast-GEMM A operands as fp16: a dense call's input; the MoE's normalised input and SwiGLU outputs
+    dev_array<uint16_t> ws_a16_, ws_m16_, ws_h16_;
     dev_array<float> ws_y_, ws_gdn_work_, ws_norm_, ws_q_, ws_part_o_, ws_part_ml_, ws_gdn_o_, ws_router_, ws_wt_, ws_sig_, ws_h_, ws_argmax_;
 };
 

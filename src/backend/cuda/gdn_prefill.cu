@@ -350,11 +350,7 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream) {
         case 4: launch_prep<4>(p, min_rows, stream); break;
         default: TANSY_ABORT("cuda deltanet prefill: conv kernel %d", p.K);
     }
-    static bool configured = false;  // allow > 48 KB of dynamic shared memory, once
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SCAN_SMEM));
-        configured = true;
-    }
+    allow_dynamic_smem<scan_kernel>(SCAN_SMEM);
     scan_kernel<<<dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / SCAN_COLS)), SCAN_WARPS * 32, SCAN_SMEM,
                   stream>>>(p, min_rows);
     CUDA_CHECK_LAUNCH();

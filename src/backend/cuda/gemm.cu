@@ -14,6 +14,13 @@
 //     bf16 fell short of the CPU-agreement bounds on random-weight models, top-1 ~95%); activations are scaled
 //     by a power of two per call site (the MoE down projection's SwiGLU inputs by 2^-4) and clamped, so a
 //     large activation saturates rather than overflowing.
+// v2 (fast mode): the v1 loop kept one k-tile in flight through registers and converted A in every CTA that read
+//     it (64 times for an 8192-column projection); H200 ncu: 100-160 TFLOP/s, load-path bound. Now A arrives as
+//     fp16 (to_f16 once per call, or the swiglu epilogue writing the down projection's input directly) and both
+//     A and the raw W words stream into shared memory by cp.async through a 4-stage ring (3 k-tiles in flight);
+//     each k-tile's W is dequantised smem -> smem one step ahead of the tensor cores, one barrier per k-tile.
+//     smem for 4-bit W: 4 x (9 KB A + 4.5 KB W words) + 2 x 18 KB dequantised W = 90 KB: two CTAs per SM.
+//     precise mode keeps v1 (fp32 A, split on the way in).
 #include <algorithm>
 
 #include "backend/cuda/gemm.cuh"
@@ -26,15 +33,9 @@ namespace {
 constexpr int BM = k_gemm_bm, BN = k_gemm_bn, BK = 64;
 constexpr int LDS = BK + 8;  // bf16 per shared row: the 16-byte pad puts 8 ldmatrix rows in distinct banks
 constexpr int k_threads = 256;
-// bf16 elements per shared-memory stage: A then W (and with SPLIT, their low parts after them)
-template <bool SPLIT>
-constexpr int stage_elems() {
-    return (BM + BN) * LDS * (SPLIT ? 2 : 1);
-}
-template <bool SPLIT>
-constexpr size_t smem_bytes() {
-    return 2 * stage_elems<SPLIT>() * sizeof(uint16_t);
-}
+// precise kernel: bf16 elements per shared-memory stage, A then W, hi then lo parts; two stages
+constexpr int PRECISE_STAGE = 2 * (BM + BN) * LDS;
+constexpr size_t PRECISE_SMEM = 2 * PRECISE_STAGE * sizeof(uint16_t);
 
 static_assert(BM * BK / 4 == 4 * k_threads, "A: four float4 per thread");
 static_assert(BN * BK / 32 == k_threads, "W: 32 values per thread");
@@ -83,48 +84,248 @@ __device__ __forceinline__ void split_bf16(float a, float b, uint32_t& hi, uint3
     lo = pack_bf16(a - hf.x, b - hf.y);
 }
 
-// Fast mode: fp16 operands (A times p.a_scale, clamped to the fp16 range), one product.
-// SPLIT: both operands as bf16 hi + lo and three products (hi hi, lo hi, hi lo; bf16 weights are exact and
-// need only the first two): ~fp32 accuracy for 2-3x the tensor work and twice the shared memory.
-template <dfmt F, gemm_epilogue EPI, bool SPLIT>
-__global__ void __launch_bounds__(k_threads, SPLIT ? 1 : 2) gemm_kernel(const gemm_params p) {
-    extern __shared__ __align__(16) uint16_t smem[];
-    constexpr int NW = w_words<F>();
-    constexpr bool AFFINE = F != dfmt::bf16;
-    constexpr int STAGE = stage_elems<SPLIT>(), LO = (BM + BN) * LDS;  // LO: offset of the low parts
-    int expert = 0, row0, rows;
+// The tile's rows (dense: the blockIdx.y-th 64; grouped: the work list's entry); false if the CTA has none.
+template <int BMT>
+__device__ __forceinline__ bool tile_rows(const gemm_params& p, int& expert, int& row0, int& rows) {
+    expert = 0;
     if (p.tiles) {
-        if ((int)blockIdx.y >= *p.n_tiles) return;
+        if ((int)blockIdx.y >= *p.n_tiles) return false;
         const gemm_tile t = p.tiles[blockIdx.y];
         expert = t.expert, row0 = t.row0, rows = t.rows;
     } else {
-        row0 = (int)blockIdx.y * BM;
-        rows = min(BM, p.M - row0);
+        row0 = (int)blockIdx.y * BMT;
+        rows = min(BMT, p.M - row0);
     }
+    return true;
+}
+
+// Source row of A row r of the tile (the gathered token for grouped gate/up).
+__device__ __forceinline__ int64_t a_row(const gemm_params& p, int64_t r) {
+    return p.gather ? p.gather[r] / p.gather_div : r;
+}
+
+// W row behind tile column c (swiglu: even columns gate feature c/2, odd ones up) and whether it exists.
+template <gemm_epilogue EPI>
+__device__ __forceinline__ const dmat& w_of_column(const gemm_params& p, int c, int expert, int64_t& wrow, bool& valid) {
+    const int64_t n = EPI == gemm_epilogue::swiglu ? (int64_t)blockIdx.x * (BN / 2) + c / 2 : (int64_t)blockIdx.x * BN + c;
+    valid = n < p.N;
+    wrow = (int64_t)expert * p.N + (valid ? n : 0);
+    return EPI == gemm_epilogue::swiglu && (c & 1) ? p.W2 : p.W;
+}
+
+// Warp (wm, wn)'s (16 MI) x 32 accumulators out: accumulator (mi, ni) element 2h + e is tile row wm*16*MI +
+// mi*16 + lane/4 + 8h, tile column wn*32 + ni*8 + 2*(lane%4) + e. inv_scale undoes the fast mode's a_scale.
+template <gemm_epilogue EPI, int MI>
+__device__ __forceinline__ void store_tile(const gemm_params& p, const float (&acc)[MI][4][4], int row0, int rows,
+                                           int wm, int wn, int lane, float inv_scale) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int m = wm * 16 * MI + mi * 16 + lane / 4 + 8 * h;
+            if (m >= rows) continue;
+            const int64_t r = row0 + m;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int cl = wn * 32 + ni * 8 + 2 * (lane % 4);
+                const float v0 = acc[mi][ni][2 * h] * inv_scale, v1 = acc[mi][ni][2 * h + 1] * inv_scale;
+                if constexpr (EPI == gemm_epilogue::swiglu) {
+                    const int64_t f = (int64_t)blockIdx.x * (BN / 2) + cl / 2;
+                    if (f >= p.N) continue;
+                    const float y = siluf_(v0) * v1;
+                    if (p.out16)
+                        p.out16[r * p.ldo + f] = (uint16_t)(pack_f16(y * p.out16_scale, 0.0f) & 0xFFFFu);
+                    else
+                        p.out[r * p.ldo + f] = y;
+                } else {
+                    const int64_t n0 = (int64_t)blockIdx.x * BN + cl;
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int64_t col = n0 + e;
+                        if (col >= p.N) continue;
+                        const float v = e ? v1 : v0;
+                        if constexpr (EPI == gemm_epilogue::rows) {
+                            p.out[r * p.ldo + col] = v;
+                        } else {
+                            int s = 0;
+                            while (s + 1 < p.n_seg && col >= p.seg[s + 1].row0) s++;
+                            float* o = p.seg[s].out + r * p.seg[s].ld + (col - p.seg[s].row0);
+                            *o = p.accumulate ? *o + v : v;
+                        }
+                    }
+                }
+            }
+        }
+}
+
+// One k-step (16) of the warp's (16 MI) x 32 tile: A rows from sa, W columns from sw (both [rows][LDS]).
+template <bool F16, int MI>
+__device__ __forceinline__ void mma_kstep(float (&acc)[MI][4][4], const uint16_t* sa, const uint16_t* sw, int wm, int wn,
+                                          int lane, int kk) {
+    uint32_t a[MI][4], b[2][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+        ldmatrix_x4(a[mi], sa + (wm * 16 * MI + mi * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LDS + kk * 16 + 8 * (lane / 16));
+#pragma unroll
+    for (int nj = 0; nj < 2; nj++)
+        ldmatrix_x4(b[nj], sw + (wn * 32 + nj * 16 + lane % 8 + 8 * (lane / 16)) * LDS + kk * 16 + 8 * ((lane / 8) % 2));
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) mma_16816<F16>(acc[mi][ni], a[mi], b[ni / 2][2 * (ni % 2)], b[ni / 2][2 * (ni % 2) + 1]);
+}
+
+// ------------------------------------------------------------------------------------------------ fast (v2)
+
+// BMT rows per CTA: 64 (grouped experts, small M) or 128 (dense, many rows: each warp then holds 64 x 32
+// accumulators, which halves the shared-memory reads and the W dequantisation per FLOP; ncu at 64 rows: L1/smem
+// 77% busy, the limiter). Ring of STAGES k-tiles (STAGES - 1 in flight while the tensor cores work).
+template <dfmt F, int BMT>
+struct fast_layout {
+    static constexpr int STAGES = BMT == 64 ? 4 : 3;
+    static constexpr int RAW_BYTES = BK * (F == dfmt::q4 ? 4 : F == dfmt::q8 ? 8 : 16) / 8;  // W bytes per row and k-tile
+    static constexpr bool AFFINE = F != dfmt::bf16;
+    // one ring stage: A [BM][LDS] fp16 | W words [BN][RAW_BYTES] | (scale, bias) [BN][2] (both halves' groups)
+    static constexpr size_t A_BYTES = (size_t)BMT * LDS * 2, W_BYTES = (size_t)BN * RAW_BYTES,
+                            SB_BYTES = AFFINE ? (size_t)BN * 2 * 4 : 0;
+    static constexpr size_t STAGE = A_BYTES + W_BYTES + SB_BYTES;
+    static constexpr size_t DEQ = (size_t)BN * LDS * 2;  // one dequantised W tile, fp16
+    static constexpr size_t SMEM = STAGES * STAGE + 2 * DEQ;
+    static_assert(A_BYTES % 16 == 0 && W_BYTES % 16 == 0 && STAGE % 16 == 0, "16-byte aligned regions");
+};
+
+template <dfmt F, gemm_epilogue EPI, int BMT>
+__global__ void __launch_bounds__(k_threads, 2) gemm_fast_kernel(const gemm_params p) {
+    using L = fast_layout<F, BMT>;
+    constexpr int FAST_STAGES = L::STAGES, MI = BMT / 32;  // MI: 16-row m-tiles per warp
+    constexpr int CPR = L::RAW_BYTES / 16;                // 16-byte chunks of W words per row and k-tile
+    constexpr int W_CHUNKS = BN * CPR / k_threads;       // per thread: 1 (q4), 2 (q8), 4 (bf16)
+    constexpr int A_CHUNKS = BMT * (BK / 8) / k_threads;  // per thread: 2 or 4
+    static_assert(BN * CPR % k_threads == 0 && BMT * (BK / 8) % k_threads == 0, "whole chunks per thread");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint16_t* deq = reinterpret_cast<uint16_t*>(smem_raw + FAST_STAGES * L::STAGE);  // [2][BN][LDS]
+    int expert, row0, rows;
+    if (!tile_rows<BMT>(p, expert, row0, rows)) return;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int64_t K = p.W.cols;
-    const int nk = (int)(K / BK);
+    const int nk = (int)(p.W.cols / BK);
+
+    // copy roles. A: rows tid/8 + 32 i, 16-byte chunk tid % 8 of each k-tile's 64 fp16
+    const uint16_t* asrc[A_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < A_CHUNKS; i++) {
+        const int r = tid / 8 + 32 * i;
+        asrc[i] = r < rows ? p.x16 + a_row(p, row0 + r) * p.ldx16 + (tid % 8) * 8 : nullptr;
+    }
+    // W words: chunk id = tid + 256 i -> tile column id / CPR, chunk id % CPR of the row's k-tile bytes
+    const unsigned char* wsrc[W_CHUNKS];
+    bool wok[W_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < W_CHUNKS; i++) {
+        const int id = tid + k_threads * i, c = id / CPR;
+        int64_t wrow;
+        const dmat& W = w_of_column<EPI>(p, c, expert, wrow, wok[i]);
+        wsrc[i] = reinterpret_cast<const unsigned char*>(W.w + wrow * W.row_words()) + (id % CPR) * 16;
+    }
+    // scale/bias words: thread tid copies the word of tile column tid / 2 for values [32 (tid % 2), +32)
+    const uint32_t* sbsrc = nullptr;
+    bool sbok = false;
+    if constexpr (L::AFFINE) {
+        int64_t wrow;
+        const dmat& W = w_of_column<EPI>(p, tid / 2, expert, wrow, sbok);
+        sbsrc = W.sb + wrow * W.n_groups();
+    }
+    const int group = p.W.group;
+
+    auto issue = [&](int kt) {  // k-tile kt into ring stage kt % FAST_STAGES (one commit group)
+        unsigned char* st = smem_raw + (kt % FAST_STAGES) * L::STAGE;
+        uint16_t* sa = reinterpret_cast<uint16_t*>(st);
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; i++)
+            cp_async16_zfill(sa + (tid / 8 + 32 * i) * LDS + (tid % 8) * 8, asrc[i] ? asrc[i] + kt * BK : p.x16, asrc[i] != nullptr);
+        unsigned char* sw = st + L::A_BYTES;
+#pragma unroll
+        for (int i = 0; i < W_CHUNKS; i++)
+            cp_async16_zfill(sw + (size_t)(tid + k_threads * i) * 16, wok[i] ? wsrc[i] + (size_t)kt * L::RAW_BYTES : wsrc[0], wok[i]);
+        if constexpr (L::AFFINE) {
+            uint32_t* ssb = reinterpret_cast<uint32_t*>(st + L::A_BYTES + L::W_BYTES);
+            cp_async4_zfill(ssb + tid, sbok ? sbsrc + (kt * BK + (tid % 2) * 32) / group : p.W.sb, sbok);
+        }
+    };
+    // k-tile kt's W: the words this thread's (tile column, half) owns, dequantised into deq[kt & 1]
+    const int c = tid / 2, half = tid % 2;
+    auto dequant = [&](int kt) {
+        const unsigned char* st = smem_raw + (kt % FAST_STAGES) * L::STAGE;
+        constexpr int NW = w_words<F>();
+        uint4 rw[NW];
+        const uint4* src = reinterpret_cast<const uint4*>(st + L::A_BYTES + (size_t)c * L::RAW_BYTES + half * (L::RAW_BYTES / 2));
+#pragma unroll
+        for (int j = 0; j < NW; j++) rw[j] = src[j];
+        uint32_t sb = 0;
+        if constexpr (L::AFFINE) sb = reinterpret_cast<const uint32_t*>(st + L::A_BYTES + L::W_BYTES)[tid];
+        float v[32];
+        dequant32<F>(v, rw, sb);
+        uint4* dst = reinterpret_cast<uint4*>(deq + (kt & 1) * BN * LDS + c * LDS + half * 32);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            dst[j] = make_uint4(pack_f16(v[8 * j], v[8 * j + 1]), pack_f16(v[8 * j + 2], v[8 * j + 3]),
+                                pack_f16(v[8 * j + 4], v[8 * j + 5]), pack_f16(v[8 * j + 6], v[8 * j + 7]));
+    };
+
+    // the ring: k-tiles 0 .. FAST_STAGES-2 in flight; tile 0 dequantised before the loop
+#pragma unroll
+    for (int s = 0; s < FAST_STAGES - 1; s++) {
+        if (s < nk) issue(s);
+        cp_async_commit();  // (possibly empty: keeps one group per k-tile)
+    }
+    cp_async_wait<FAST_STAGES - 2>();
+    __syncthreads();
+    dequant(0);
+
+    const int wm = warp % 2, wn = warp / 2;  // warp tile: rows wm*16*MI .. +16*MI, tile columns wn*32 .. +32
+    float acc[MI][4][4] = {};
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<FAST_STAGES - 3>();  // k-tiles <= kt + 1 have landed (this thread's copies)
+        __syncthreads();  // everyone's copies and deq[kt & 1] are visible; k-tile kt-1's stage and deq are free
+        if (kt + FAST_STAGES - 1 < nk) issue(kt + FAST_STAGES - 1);
+        cp_async_commit();
+        if (kt + 1 < nk) dequant(kt + 1);  // one step ahead of the tensor cores
+        const uint16_t* sa = reinterpret_cast<const uint16_t*>(smem_raw + (kt % FAST_STAGES) * L::STAGE);
+        const uint16_t* sw = deq + (kt & 1) * BN * LDS;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) mma_kstep<true, MI>(acc, sa, sw, wm, wn, lane, kk);
+    }
+    store_tile<EPI, MI>(p, acc, row0, rows, wm, wn, lane, 1.0f / p.a_scale);  // a_scale: a power of two, exact
+}
+
+// ------------------------------------------------------------------------------------------------ precise (v1)
+
+// Both operands as bf16 hi + lo and three products (hi hi, lo hi, hi lo; bf16 weights are exact and need only
+// the first two): ~fp32 accuracy for 2-3x the tensor work. Two shared-memory stages fed through registers.
+template <dfmt F, gemm_epilogue EPI>
+__global__ void __launch_bounds__(k_threads, 1) gemm_precise_kernel(const gemm_params p) {
+    extern __shared__ __align__(16) uint16_t smem[];
+    constexpr int NW = w_words<F>();
+    constexpr bool AFFINE = F != dfmt::bf16;
+    constexpr int LO = (BM + BN) * LDS;  // offset of the low parts in a stage
+    int expert, row0, rows;
+    if (!tile_rows<BM>(p, expert, row0, rows)) return;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int nk = (int)(p.W.cols / BK);
 
     // A: this thread's rows tid/16 + 16 i, columns (tid % 16) * 4 of each k-tile
     const float* aptr[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int r = tid / 16 + 16 * i;
-        aptr[i] = nullptr;
-        if (r < rows) {
-            int64_t src = row0 + r;
-            if (p.gather) src = p.gather[src] / p.gather_div;
-            aptr[i] = p.x + src * p.ldx + (tid % 16) * 4;
-        }
+        aptr[i] = r < rows ? p.x + a_row(p, row0 + r) * p.ldx + (tid % 16) * 4 : nullptr;
     }
     // W: tile column c = tid / 2, values [32 * (tid % 2), +32) of each k-tile
     const int c = tid / 2, half = tid % 2;
-    int64_t n = EPI == gemm_epilogue::swiglu ? (int64_t)blockIdx.x * (BN / 2) + c / 2 : (int64_t)blockIdx.x * BN + c;
-    const bool wvalid = n < p.N;
-    const int64_t wrow = (int64_t)expert * p.N + (wvalid ? n : 0);
-    const bool use_w2 = EPI == gemm_epilogue::swiglu && (c & 1);
-    const uint32_t* wp = (use_w2 ? p.W2.w : p.W.w) + wrow * p.W.row_words();
-    const uint32_t* sbp = AFFINE ? (use_w2 ? p.W2.sb : p.W.sb) + wrow * p.W.n_groups() : nullptr;
+    int64_t wrow;
+    bool wvalid;
+    const dmat& Wc = w_of_column<EPI>(p, c, expert, wrow, wvalid);
+    const uint32_t* wp = Wc.w + wrow * Wc.row_words();
+    const uint32_t* sbp = AFFINE ? Wc.sb + wrow * Wc.n_groups() : nullptr;
     const int bits = F == dfmt::q4 ? 4 : F == dfmt::q8 ? 8 : 16;
 
     float4 ra[4];
@@ -147,20 +348,15 @@ __global__ void __launch_bounds__(k_threads, SPLIT ? 1 : 2) gemm_kernel(const ge
         }
     };
     auto store = [&](int s) {
-        uint16_t* sa = smem + s * STAGE;
+        uint16_t* sa = smem + s * PRECISE_STAGE;
         uint16_t* sw = sa + BM * LDS;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = tid / 16 + 16 * i;
             uint2 hi, lo;
-            if constexpr (SPLIT) {
-                split_bf16(ra[i].x, ra[i].y, hi.x, lo.x);
-                split_bf16(ra[i].z, ra[i].w, hi.y, lo.y);
-                *reinterpret_cast<uint2*>(sa + LO + r * LDS + (tid % 16) * 4) = lo;
-            } else {
-                const float sc = p.a_scale;
-                hi = make_uint2(pack_f16(sc * ra[i].x, sc * ra[i].y), pack_f16(sc * ra[i].z, sc * ra[i].w));
-            }
+            split_bf16(ra[i].x, ra[i].y, hi.x, lo.x);
+            split_bf16(ra[i].z, ra[i].w, hi.y, lo.y);
+            *reinterpret_cast<uint2*>(sa + LO + r * LDS + (tid % 16) * 4) = lo;
             *reinterpret_cast<uint2*>(sa + r * LDS + (tid % 16) * 4) = hi;
         }
         float v[32];
@@ -168,24 +364,21 @@ __global__ void __launch_bounds__(k_threads, SPLIT ? 1 : 2) gemm_kernel(const ge
         uint32_t hi[16], lo[16];
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            if constexpr (SPLIT && AFFINE)
+            if constexpr (AFFINE)
                 split_bf16(v[2 * j], v[2 * j + 1], hi[j], lo[j]);
-            else if constexpr (SPLIT)
-                hi[j] = pack_bf16(v[2 * j], v[2 * j + 1]);  // bf16 weights: exact
             else
-                hi[j] = pack_f16(v[2 * j], v[2 * j + 1]);
+                hi[j] = pack_bf16(v[2 * j], v[2 * j + 1]);  // bf16 weights: exact
         }
         uint4* dst = reinterpret_cast<uint4*>(sw + c * LDS + half * 32);
 #pragma unroll
         for (int j = 0; j < 4; j++) dst[j] = make_uint4(hi[4 * j], hi[4 * j + 1], hi[4 * j + 2], hi[4 * j + 3]);
-        if constexpr (SPLIT && AFFINE) {
+        if constexpr (AFFINE) {
             uint4* dlo = reinterpret_cast<uint4*>(sw + LO + c * LDS + half * 32);
 #pragma unroll
             for (int j = 0; j < 4; j++) dlo[j] = make_uint4(lo[4 * j], lo[4 * j + 1], lo[4 * j + 2], lo[4 * j + 3]);
         }
     };
 
-    // warp tile: rows wm*32 .. +32, tile columns wn*32 .. +32
     const int wm = warp % 2, wn = warp / 2;
     float acc[2][4][4] = {};
     load(0);
@@ -193,121 +386,73 @@ __global__ void __launch_bounds__(k_threads, SPLIT ? 1 : 2) gemm_kernel(const ge
     __syncthreads();
     for (int kt = 0; kt < nk; kt++) {
         if (kt + 1 < nk) load(kt + 1);
-        const uint16_t* sa = smem + (kt & 1) * STAGE;
+        const uint16_t* sa = smem + (kt & 1) * PRECISE_STAGE;
         const uint16_t* sw = sa + BM * LDS;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
-            uint32_t a[2][4], b[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-                ldmatrix_x4(a[mi], sa + (wm * 32 + mi * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LDS + kk * 16 + 8 * (lane / 16));
-#pragma unroll
-            for (int nj = 0; nj < 2; nj++)
-                ldmatrix_x4(b[nj], sw + (wn * 32 + nj * 16 + lane % 8 + 8 * (lane / 16)) * LDS + kk * 16 + 8 * ((lane / 8) % 2));
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    if constexpr (SPLIT)
-                        mma_bf16(acc[mi][ni], a[mi], b[ni / 2][2 * (ni % 2)], b[ni / 2][2 * (ni % 2) + 1]);
-                    else
-                        mma_f16(acc[mi][ni], a[mi], b[ni / 2][2 * (ni % 2)], b[ni / 2][2 * (ni % 2) + 1]);
-                }
-            if constexpr (SPLIT) {
-                uint32_t x[2][4];  // A lo x W hi
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-                    ldmatrix_x4(x[mi], sa + LO + (wm * 32 + mi * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * LDS + kk * 16 + 8 * (lane / 16));
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], x[mi], b[ni / 2][2 * (ni % 2)], b[ni / 2][2 * (ni % 2) + 1]);
-                if constexpr (AFFINE) {  // A hi x W lo
-#pragma unroll
-                    for (int nj = 0; nj < 2; nj++)
-                        ldmatrix_x4(b[nj], sw + LO + (wn * 32 + nj * 16 + lane % 8 + 8 * (lane / 16)) * LDS + kk * 16 + 8 * ((lane / 8) % 2));
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                        for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], a[mi], b[ni / 2][2 * (ni % 2)], b[ni / 2][2 * (ni % 2) + 1]);
-                }
-            }
+            mma_kstep<false, 2>(acc, sa, sw, wm, wn, lane, kk);           // A hi x W hi
+            mma_kstep<false, 2>(acc, sa + LO, sw, wm, wn, lane, kk);      // A lo x W hi
+            if constexpr (AFFINE) mma_kstep<false, 2>(acc, sa, sw + LO, wm, wn, lane, kk);  // A hi x W lo
         }
         if (kt + 1 < nk) store((kt + 1) & 1);
         __syncthreads();
     }
-
-    const float inv_scale = SPLIT ? 1.0f : 1.0f / p.a_scale;  // a power of two: exact
-    // epilogue: accumulator (mi, ni) element 2h + e is row wm*32 + mi*16 + lane/4 + 8h, column wn*32 + ni*8 +
-    // 2*(lane%4) + e
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int m = wm * 32 + mi * 16 + lane / 4 + 8 * h;
-            if (m >= rows) continue;
-            const int64_t r = row0 + m;
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                const int cl = wn * 32 + ni * 8 + 2 * (lane % 4);
-                const float v0 = acc[mi][ni][2 * h] * inv_scale, v1 = acc[mi][ni][2 * h + 1] * inv_scale;
-                if constexpr (EPI == gemm_epilogue::swiglu) {
-                    const int64_t f = (int64_t)blockIdx.x * (BN / 2) + cl / 2;
-                    if (f < p.N) p.out[r * p.ldo + f] = siluf_(v0) * v1;
-                } else {
-                    const int64_t n0 = (int64_t)blockIdx.x * BN + cl;
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int64_t col = n0 + e;
-                        if (col >= p.N) continue;
-                        const float v = e ? v1 : v0;
-                        if constexpr (EPI == gemm_epilogue::rows) {
-                            p.out[r * p.ldo + col] = v;
-                        } else {
-                            int s = 0;
-                            while (s + 1 < p.n_seg && col >= p.seg[s + 1].row0) s++;
-                            float* o = p.seg[s].out + r * p.seg[s].ld + (col - p.seg[s].row0);
-                            *o = p.accumulate ? *o + v : v;
-                        }
-                    }
-                }
-            }
-        }
+    store_tile<EPI, 2>(p, acc, row0, rows, wm, wn, lane, 1.0f);
 }
 
-template <dfmt F, gemm_epilogue EPI, bool SPLIT>
-void launch(const gemm_params& p, cudaStream_t stream) {
-    // per instantiation, once (thread-safe static init): allow more than 48 KB of dynamic shared memory
-    static const bool configured = [] {
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<F, EPI, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem_bytes<SPLIT>()));
-        return true;
-    }();
-    (void)configured;
-    const int64_t cols = EPI == gemm_epilogue::swiglu ? BN / 2 : BN;
-    const dim3 grid((unsigned)((p.N + cols - 1) / cols), (unsigned)(p.tiles ? p.max_tiles : (p.M + BM - 1) / BM));
-    gemm_kernel<F, EPI, SPLIT><<<grid, k_threads, smem_bytes<SPLIT>(), stream>>>(p);
-    CUDA_CHECK_LAUNCH();
+__global__ void to_f16_kernel(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld, float scale) {
+    const int64_t q = cols / 4, n = rows * q;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / q, c4 = i % q;
+        const float4 v = *reinterpret_cast<const float4*>(src + r * ld + c4 * 4);
+        *reinterpret_cast<uint2*>(dst + r * cols + c4 * 4) =
+            make_uint2(pack_f16(v.x * scale, v.y * scale), pack_f16(v.z * scale, v.w * scale));
+    }
+}
+
+template <dfmt F, gemm_epilogue EPI, int BMT>
+void launch_fast(const gemm_params& p, dim3 grid, cudaStream_t stream) {
+    constexpr size_t smem = fast_layout<F, BMT>::SMEM;
+    allow_dynamic_smem<gemm_fast_kernel<F, EPI, BMT>>(smem);
+    grid.y = (unsigned)(p.tiles ? p.max_tiles : (p.M + BMT - 1) / BMT);
+    gemm_fast_kernel<F, EPI, BMT><<<grid, k_threads, smem, stream>>>(p);
 }
 
 template <dfmt F, gemm_epilogue EPI>
-void launch_split(const gemm_params& p, cudaStream_t stream) {
-    if (p.precise)
-        launch<F, EPI, true>(p, stream);
-    else
-        launch<F, EPI, false>(p, stream);
+void launch(const gemm_params& p, cudaStream_t stream) {
+    const int64_t cols = EPI == gemm_epilogue::swiglu ? BN / 2 : BN;
+    dim3 grid((unsigned)((p.N + cols - 1) / cols), (unsigned)(p.tiles ? p.max_tiles : (p.M + BM - 1) / BM));
+    if (p.precise) {
+        allow_dynamic_smem<gemm_precise_kernel<F, EPI>>(PRECISE_SMEM);
+        gemm_precise_kernel<F, EPI><<<grid, k_threads, PRECISE_SMEM, stream>>>(p);
+    } else if (!p.tiles && p.M >= k_gemm_wide_min_rows) {
+        launch_fast<F, EPI, 2 * BM>(p, grid, stream);
+    } else {
+        launch_fast<F, EPI, BM>(p, grid, stream);  // grouped tiles are at most 64 rows (moe_plan)
+    }
+    CUDA_CHECK_LAUNCH();
 }
 
 template <dfmt F>
 void launch_epi(const gemm_params& p, cudaStream_t stream) {
     switch (p.epi) {
-        case gemm_epilogue::store: return launch_split<F, gemm_epilogue::store>(p, stream);
-        case gemm_epilogue::rows: return launch_split<F, gemm_epilogue::rows>(p, stream);
-        case gemm_epilogue::swiglu: return launch_split<F, gemm_epilogue::swiglu>(p, stream);
+        case gemm_epilogue::store: return launch<F, gemm_epilogue::store>(p, stream);
+        case gemm_epilogue::rows: return launch<F, gemm_epilogue::rows>(p, stream);
+        case gemm_epilogue::swiglu: return launch<F, gemm_epilogue::swiglu>(p, stream);
     }
 }
 
 }  // namespace
+
+void to_f16(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld, float scale, cudaStream_t stream) {
+    TANSY_CHECK(cols % 4 == 0 && ld % 4 == 0 && (uintptr_t)src % 16 == 0 && (uintptr_t)dst % 8 == 0,
+                "to_f16: rows of %lld values (stride %lld) must be 16-byte aligned", (long long)cols, (long long)ld);
+    if (rows == 0) return;
+    const int64_t n = rows * (cols / 4);
+    const unsigned blocks = (unsigned)std::min<int64_t>((n + 255) / 256, 132 * 16);
+    to_f16_kernel<<<blocks, 256, 0, stream>>>(dst, src, rows, cols, ld, scale);
+    CUDA_CHECK_LAUNCH();
+}
 
 bool gemm_supports(const dmat& W) {
     if (W.cols % BK != 0 || W.cols == 0) return false;
@@ -316,10 +461,15 @@ bool gemm_supports(const dmat& W) {
 
 void gemm(const gemm_params& p, cudaStream_t stream) {
     TANSY_CHECK(gemm_supports(p.W), "gemm: unsupported matrix (%lld columns, group %d)", (long long)p.W.cols, p.W.group);
-    TANSY_CHECK(p.ldx % 4 == 0 && ((uintptr_t)p.x % 16) == 0, "gemm: A rows must be 16-byte aligned");
+    if (p.precise)
+        TANSY_CHECK(p.x && p.ldx % 4 == 0 && ((uintptr_t)p.x % 16) == 0, "gemm: A rows (fp32) must be 16-byte aligned");
+    else
+        TANSY_CHECK(p.x16 && p.ldx16 % 8 == 0 && ((uintptr_t)p.x16 % 16) == 0,
+                    "gemm: fast mode needs A as fp16 (x16, to_f16) with 16-byte aligned rows");
+    TANSY_CHECK(p.out16 == nullptr || (p.epi == gemm_epilogue::swiglu && !p.precise), "gemm: out16 is for fast swiglu");
     TANSY_CHECK(p.epi != gemm_epilogue::swiglu || (p.W2.fmt == p.W.fmt && p.W2.cols == p.W.cols && p.W2.group == p.W.group),
                 "gemm: swiglu needs gate and up in the same format");
-    TANSY_CHECK(p.epi == gemm_epilogue::store ? p.n_seg >= 1 : p.out != nullptr, "gemm: no output");
+    TANSY_CHECK(p.epi == gemm_epilogue::store ? p.n_seg >= 1 : (p.out != nullptr || p.out16 != nullptr), "gemm: no output");
     TANSY_CHECK(p.tiles == nullptr || p.epi != gemm_epilogue::store, "gemm: grouped tiles need a rows/swiglu output");
     if (p.tiles ? p.max_tiles == 0 : p.M == 0) return;
     switch (p.W.fmt) {

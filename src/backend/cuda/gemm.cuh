@@ -1,6 +1,7 @@
 // Tensor-core matrix multiplication for many input rows (prompt processing, large batches): Y = X W^T with W
-// a device matrix (4/8-bit affine dequantised inside the kernel, or bf16), X fp32 rounded to fp16 (fast) or
-// split into bf16 hi + lo pairs (precise) on its way into shared memory, fp32 accumulation (mma.sync m16n8k16). The same kernel runs dense projections and the
+// a device matrix (4/8-bit affine dequantised inside the kernel, or bf16), X fp16 (fast: converted beforehand
+// by to_f16 or written so by the previous GEMM) or fp32 split into bf16 hi + lo pairs on its way into shared
+// memory (precise), fp32 accumulation (mma.sync m16n8k16). The same kernels run dense projections and the
 // grouped MoE experts: in grouped mode each CTA reads its (expert, rows) tile from a device-side work list
 // built by moe_plan(), so no launch size depends on the routing and nothing waits for the host.
 // Host launchers only; kernels are in gemm.cu.
@@ -15,6 +16,8 @@ namespace tansy::cuda {
 
 // Rows of the A operand (tokens or token slots) per tile, and W rows (output columns) per tile.
 constexpr int k_gemm_bm = 64, k_gemm_bn = 128;
+// Dense fast GEMMs of at least this many rows take 128-row tiles (fewer would leave SMs idle).
+constexpr int k_gemm_wide_min_rows = 512;
 
 // What the kernel does with a tile's accumulators.
 enum class gemm_epilogue : uint8_t {
@@ -31,8 +34,10 @@ struct gemm_tile {
 struct gemm_params {
     dmat W, W2;                 // [N (* experts), K]; W2 only for swiglu (same format and shape as W)
     int64_t N = 0;              // output columns (swiglu: features) per expert
-    const float* x = nullptr;   // A rows fp32, row i at x + i * ldx
+    const float* x = nullptr;   // precise mode: A rows fp32, row i at x + i * ldx
     int64_t ldx = 0;
+    const uint16_t* x16 = nullptr;  // fast mode: A rows as fp16, already times a_scale (to_f16), row i at x16 + i * ldx16
+    int64_t ldx16 = 0;
     const int32_t* gather = nullptr;  // optional: A row r is x row gather[r] / gather_div
     int gather_div = 1;
     // dense: M rows, one implicit tile per 64; grouped: tiles[0, *n_tiles) (max_tiles launched, rest exit)
@@ -46,13 +51,20 @@ struct gemm_params {
     bool accumulate = false;
     float* out = nullptr;  // rows / swiglu
     int64_t ldo = 0;
+    // swiglu, fast mode: instead of out, write fp16(value * out16_scale) to out16 (the next GEMM's x16)
+    uint16_t* out16 = nullptr;
+    float out16_scale = 1.0f;
     // Operands as bf16 hi + lo pairs (three tensor-core products): ~fp32 accuracy instead of bf16's 2^-9
     // relative rounding of each input, for 2-3x the tensor work.
     bool precise = false;
-    // Fast mode: A is multiplied by this power of two before its fp16 conversion (results are divided by it), so
-    // activations up to 65504 / a_scale fit; values beyond saturate.
+    // Fast mode: x16 holds A times this power of two (the results are divided by it), so activations up to
+    // 65504 / a_scale fit in fp16; values beyond saturate.
     float a_scale = 1.0f;
 };
+
+// dst [rows, cols] fp16 (row stride cols) = src [rows, cols] (row stride ld) * scale, saturating at +-65504: the
+// fast GEMM's A operand, converted once instead of in every CTA that reads it. cols and ld multiples of 4.
+void to_f16(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld, float scale, cudaStream_t stream);
 
 // True when gemm() can run W (format, K a multiple of 64, group a multiple of 32).
 bool gemm_supports(const dmat& W);

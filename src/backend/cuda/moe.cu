@@ -6,7 +6,10 @@
 //     subgroup R=2 rows of gate and up (8 loads in flight per lane); down spreads the (slot, chunk) pairs of a
 //     row over the warp's lanes so every slot's weights are in flight at once. H200: gate/up 33 us, down 16 us.
 // v3: gate/up keeps the normalised input in registers and walks (slot, row) pairs (as gemv_xs_kernel).
+// v4: top-k selects with two warp reductions (redux.sync) per round instead of 2 x 5 shuffles, and on the
+//     decode path runs inside gate/up (every block of a token computes it; block 0 stores it for down).
 #include <algorithm>
+#include <climits>
 
 #include "backend/cuda/moe.cuh"
 
@@ -18,47 +21,72 @@ constexpr int k_warps = 4;
 constexpr int k_max_topk = 16;
 constexpr int k_max_experts = 512;
 
-__global__ void topk_kernel(int32_t* idx, float* wt, float* sig, const float* logits, int64_t ld, int T, int E,
-                            int k, const float* bias) {
+// Float bits mapped so that unsigned order is float order (-inf > 0: 0 is below every logit).
+__device__ __forceinline__ uint32_t float_order(float f) {
+    const uint32_t b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float order_float(uint32_t u) {
+    return __uint_as_float((u & 0x80000000u) ? u & 0x7FFFFFFFu : ~u);
+}
+
+// One warp, one token: the top-k of E router logits (+ bias), ties to the lower id (what a sequential arg-max
+// picks), and the softmax over the selected logits (== the full softmax renormalised over the top-k, MODEL.md
+// §5). Every lane ends with the ids and weights. Each round is two warp reductions (redux.sync), not shuffles.
+__device__ __forceinline__ void warp_topk(const float* l, const float* bias, int E, int k, int (&chosen)[k_max_topk],
+                                          float (&wt)[k_max_topk]) {
     constexpr int PER = k_max_experts / 32;
-    pdl_trigger();
-    const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (t >= T) return;  // whole warp
-    const float* l = logits + t * ld;
-    float v[PER];
+    const int lane = threadIdx.x % 32;
+    uint32_t v[PER];
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int e = lane + 32 * i;
-        v[i] = e < E ? l[e] + (bias ? bias[e] : 0.0f) : -INFINITY;
+        v[i] = e < E ? float_order(l[e] + (bias ? bias[e] : 0.0f)) : 0u;
     }
     float val[k_max_topk];
-    int chosen[k_max_topk];
-    for (int j = 0; j < k; j++) {
-        float best = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < k_max_topk; j++) {
+        if (j >= k) break;
+        uint32_t best = 0;
+#pragma unroll
+        for (int i = 0; i < PER; i++) best = max(best, v[i]);
+        best = __reduce_max_sync(0xffffffffu, best);
         int bi = INT_MAX;
 #pragma unroll
-        for (int i = 0; i < PER; i++)
-            if (v[i] > best) best = v[i], bi = lane + 32 * i;  // ascending ids: the first maximum wins ties
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
-        }
-        chosen[j] = bi, val[j] = best;
+        for (int i = PER - 1; i >= 0; i--)  // descending, so the lane's lowest matching id is kept
+            if (v[i] == best) bi = lane + 32 * i;
+        bi = __reduce_min_sync(0xffffffffu, bi);
 #pragma unroll
         for (int i = 0; i < PER; i++)
-            if (lane + 32 * i == bi) v[i] = -INFINITY;  // taken
+            if (lane + 32 * i == bi) v[i] = 0u;  // taken
+        chosen[j] = bi, val[j] = order_float(best);
     }
-    if (lane == 0) {
-        // softmax over the selected logits == full softmax renormalised over the top-k (MODEL.md §5)
-        float sum = 0;
-        for (int j = 0; j < k; j++) sum += expf(val[j] - val[0]);
-        for (int j = 0; j < k; j++) {
-            idx[t * k + j] = chosen[j];
-            wt[t * k + j] = expf(val[j] - val[0]) / sum;
-        }
-        sig[t] = 1.0f / (1.0f + expf(-l[E]));
-    }
+    float sum = 0;
+#pragma unroll
+    for (int j = 0; j < k_max_topk; j++)
+        if (j < k) sum += expf(val[j] - val[0]);
+#pragma unroll
+    for (int j = 0; j < k_max_topk; j++)
+        if (j < k) wt[j] = expf(val[j] - val[0]) / sum;
+}
+
+// Writes token t's routing (lane 0 of the calling warp).
+__device__ __forceinline__ void store_route(const moe_routing& r, int t, int E, int k, const int (&chosen)[k_max_topk],
+                                            const float (&wt)[k_max_topk]) {
+#pragma unroll
+    for (int j = 0; j < k_max_topk; j++)
+        if (j < k) r.idx[t * k + j] = chosen[j], r.wt[t * k + j] = wt[j];
+    r.sig[t] = sigmoidf_(r.logits[t * r.ld + E]);
+}
+
+__global__ void topk_kernel(const moe_routing r, int T, int E, int k) {
+    pdl_trigger();
+    const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t >= T) return;  // whole warp
+    int chosen[k_max_topk];
+    float wt[k_max_topk];
+    warp_topk(r.logits + t * r.ld, r.bias, E, k, chosen, wt);
+    if (threadIdx.x % 32 == 0) store_route(r, t, E, k, chosen, wt);
 }
 
 template <dfmt F>
@@ -145,8 +173,8 @@ __global__ void __launch_bounds__(k_warps * 32)
 // normalised input in registers and walk the pairs (as gemv_xs_kernel); requires F == Fs and D = 32*CPL chunks.
 template <dfmt F, int CPL, int R>
 __global__ void __launch_bounds__(k_warps * 32)
-    gate_up_xs_kernel(float* h, const dmoe m, const int32_t* idx, const float* x, int64_t ldx, const float* norm_w,
-                      float eps, int64_t h_ld) {
+    gate_up_xs_kernel(float* h, const dmoe m, const moe_routing route, const float* x, int64_t ldx,
+                      const float* norm_w, float eps, int64_t h_ld) {
     constexpr int CH = chunk_values<F>();
     constexpr bool AFFINE = F != dfmt::bf16;
     __shared__ float s_inv[1];
@@ -154,11 +182,22 @@ __global__ void __launch_bounds__(k_warps * 32)
     extern __shared__ float s_x[];
     const int t = blockIdx.y;
     const float* xr = x + t * ldx;
-    pdl_trigger();
-    pdl_wait();  // idx comes from the top-k kernel just before
-    if (threadIdx.x <= m.k) s_row0[threadIdx.x] = threadIdx.x == m.k ? -1 : (int64_t)idx[t * m.k + threadIdx.x] * m.F;
-    __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    pdl_trigger();
+    pdl_wait();  // the router logits come from the kernel just before
+    if (warp == 0) {  // the token's top-k, in every block of the token (cheaper than a launch); block 0 stores it
+        int chosen[k_max_topk];
+        float wt[k_max_topk];
+        warp_topk(route.logits + t * route.ld, route.bias, m.E, m.k, chosen, wt);
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < k_max_topk; j++)
+                if (j < m.k) s_row0[j] = (int64_t)chosen[j] * m.F;
+            s_row0[m.k] = -1;
+            if (blockIdx.x == 0) store_route(route, t, m.E, m.k, chosen, wt);
+        }
+    }
+    __syncthreads();
     const int64_t items = (int64_t)(m.k + 1) * m.F, rw = m.gate.row_words(), ng = m.gate.n_groups();
     const int64_t stride = (int64_t)gridDim.x * k_warps * R;
     int64_t it0 = ((int64_t)blockIdx.x * k_warps + warp) * R;
@@ -275,17 +314,16 @@ int chunk_of(dfmt f) { return f == dfmt::q4 ? 32 : f == dfmt::q8 ? 16 : 8; }
 
 }  // namespace
 
-void moe_topk(int32_t* idx, float* wt, float* sig, const float* logits, int64_t ld, int T, int E, int k,
-              const float* bias, cudaStream_t stream) {
+void moe_topk(const moe_routing& r, int T, int E, int k, cudaStream_t stream) {
     TANSY_CHECK(k >= 1 && k <= k_max_topk && k <= E && E <= k_max_experts, "moe_topk: k=%d E=%d", k, E);
     if (T == 0) return;
     constexpr int warps = 4;
-    topk_kernel<<<(T + warps - 1) / warps, warps * 32, 0, stream>>>(idx, wt, sig, logits, ld, T, E, k, bias);
+    topk_kernel<<<(T + warps - 1) / warps, warps * 32, 0, stream>>>(r, T, E, k);
     CUDA_CHECK_LAUNCH();
 }
 
 template <dfmt F, int CPL>
-void launch_gate_up_xs(float* h, const dmoe& m, const int32_t* idx, const float* x, int64_t ldx, int T,
+void launch_gate_up_xs(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
                        const float* norm_w, float eps, cudaStream_t stream) {
     constexpr int R = 2;
     static int max_blocks = 0;
@@ -300,22 +338,25 @@ void launch_gate_up_xs(float* h, const dmoe& m, const int32_t* idx, const float*
     const int64_t items = (int64_t)(m.k + 1) * m.F, per_block = (int64_t)k_warps * R;
     const int64_t bx = std::max<int64_t>(1, std::min<int64_t>((items + per_block - 1) / per_block, max_blocks / std::max(1, T)));
     const size_t smem = (size_t)(m.D / chunk_values<F>()) * (chunk_values<F>() + 4) * sizeof(float);
-    launch_pdl(gate_up_xs_kernel<F, CPL, R>, dim3((unsigned)bx, (unsigned)T), dim3(k_warps * 32), smem, stream, h, m, idx, x,
+    launch_pdl(gate_up_xs_kernel<F, CPL, R>, dim3((unsigned)bx, (unsigned)T), dim3(k_warps * 32), smem, stream, h, m, r, x,
                ldx, norm_w, eps, std::max(m.F, m.Fs));
     CUDA_CHECK_LAUNCH();
 }
 
-void moe_gate_up(float* h, const dmoe& m, const int32_t* idx, const float* x, int64_t ldx, int T,
-                 const float* norm_w, float eps, cudaStream_t stream) {
+void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
+                       const float* norm_w, float eps, cudaStream_t stream) {
     const dfmt f = m.gate.fmt;
     TANSY_CHECK(m.up.fmt == f && m.s_gate.fmt == f && m.s_up.fmt == f, "moe: mixed weight formats");
     TANSY_CHECK(m.D % chunk_of(f) == 0 && ldx % 4 == 0 && m.D % 4 == 0, "moe_gate_up: D=%lld", (long long)m.D);
+    TANSY_CHECK(m.k >= 1 && m.k <= k_max_topk && m.k <= m.E && m.E <= k_max_experts, "moe: k=%d E=%d", m.k, m.E);
     if (T == 0) return;
     const int64_t n_chunks = m.D / chunk_of(f);
-    if (m.F == m.Fs && n_chunks % 32 == 0 && f == dfmt::q4) {  // the decode hot path: x in registers
-        if (n_chunks == 64) return launch_gate_up_xs<dfmt::q4, 2>(h, m, idx, x, ldx, T, norm_w, eps, stream);
-        if (n_chunks == 32) return launch_gate_up_xs<dfmt::q4, 1>(h, m, idx, x, ldx, T, norm_w, eps, stream);
+    if (m.F == m.Fs && n_chunks % 32 == 0 && f == dfmt::q4) {  // the decode hot path: x in registers, top-k fused
+        if (n_chunks == 64) return launch_gate_up_xs<dfmt::q4, 2>(h, m, r, x, ldx, T, norm_w, eps, stream);
+        if (n_chunks == 32) return launch_gate_up_xs<dfmt::q4, 1>(h, m, r, x, ldx, T, norm_w, eps, stream);
     }
+    moe_topk(r, T, m.E, m.k, stream);
+    const int32_t* idx = r.idx;
     constexpr int R = 2;
     const int L = gemv_lanes_per_row(m.D / chunk_of(f));
     const int64_t rows = std::max(m.F, m.Fs), per_block = (int64_t)k_warps * (32 / L) * R;

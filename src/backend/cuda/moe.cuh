@@ -19,17 +19,26 @@ struct dmoe {
     int64_t F = 0, Fs = 0, D = 0;
 };
 
-// logits [T, ld] holds E router logits then the shared-expert gate logit in column E. Writes idx/wt [T, k]
-// (descending weight; ties to the lower id) and sig [T] = sigmoid(shared gate). bias (optional, [E]) is added
-// to the router logits before selection (synthetic routing skew).
-// CPU twin: cpu::moe_route.
-void moe_topk(int32_t* idx, float* wt, float* sig, const float* logits, int64_t ld, int T, int E, int k,
-              const float* bias, cudaStream_t stream);
+// The routing of T tokens: router logits [T, ld], E of them then the shared-expert gate logit in column E,
+// and where the top-k writes idx/wt [T, k] (descending weight; ties to the lower id) and sig [T] =
+// sigmoid(shared gate). bias (optional, [E]) is added to the router logits before selection (synthetic
+// routing skew). CPU twin: cpu::moe_route.
+struct moe_routing {
+    const float* logits = nullptr;
+    int64_t ld = 0;
+    const float* bias = nullptr;
+    int32_t* idx = nullptr;
+    float* wt = nullptr;
+    float* sig = nullptr;
+};
 
-// h [T, k+1, max(F, Fs)]: slot j < k is expert idx[t][j], slot k the shared expert;
-// h = silu(W_gate m) * (W_up m) with m = rms_norm(x[t], norm_w).
-void moe_gate_up(float* h, const dmoe& m, const int32_t* idx, const float* x, int64_t ldx, int T,
-                 const float* norm_w, float eps, cudaStream_t stream);
+void moe_topk(const moe_routing& r, int T, int E, int k, cudaStream_t stream);
+
+// Routes the T tokens (as moe_topk) and computes h [T, k+1, max(F, Fs)]: slot j < k is expert idx[t][j], slot
+// k the shared expert; h = silu(W_gate m) * (W_up m) with m = rms_norm(x[t], norm_w). On the decode path the
+// top-k runs inside the gate/up kernel (one launch less per layer).
+void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
+                       const float* norm_w, float eps, cudaStream_t stream);
 
 // x[t] += sum_j wt[t][j] * W_down^{idx[t][j]} h[t][j] + sig[t] * W_sdown h[t][k]
 void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
