@@ -198,7 +198,9 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
     TANSY_REQUIRE_GPU();
     const int E = 16, k = 4;
     const int64_t D = 256, F = 128;
-    for (int T : {1, 37, 300}) {
+    // T = 600: expert 3 gets ~500 rows, so the 128-row tiles have full and partial ones
+    for (auto [T, bm] : {std::pair{1, 64}, {37, 64}, {300, 64}, {300, 128}, {600, 128}}) {
+        SCOPED_TRACE("T=" + std::to_string(T) + " tiles of " + std::to_string(bm));
         std::mt19937 rng(1000 + T);
         std::vector<int32_t> idx((size_t)T * k);
         for (int t = 0; t < T; t++) {  // distinct experts per token; expert 3 is picked by most tokens, 7..9 never
@@ -216,18 +218,19 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
         auto ys = test::random_normal((size_t)T * D, 25, 1.0f);  // stands in for the shared expert's output
         auto res = test::random_normal((size_t)T * D, 26, 1.0f);  // the residual stream
 
-        const int max_tiles = cuda::moe_max_tiles(T, E, k);
+        const int max_tiles = cuda::moe_max_tiles(T, E, k, bm);
         auto didx = to_device(idx), dx = to_device(x), dwt = to_device(wt), dsig = to_device(sig), dys = to_device(ys),
              dres = to_device(res);
         cuda::device_buffer perm((size_t)T * k * 4), pos((size_t)T * k * 4), tiles((size_t)max_tiles * sizeof(cuda::gemm_tile)),
             ntiles(4), h((size_t)T * k * F * 4), y((size_t)T * k * D * 4);
         cuda::moe_plan((int32_t*)perm.get(), (int32_t*)pos.get(), (cuda::gemm_tile*)tiles.get(), (int32_t*)ntiles.get(),
-                       (const int32_t*)didx.get(), T, E, k, 0);
+                       (const int32_t*)didx.get(), T, E, k, bm, 0);
         const cuda::device_buffer dx16 = fp16_of(dx, T, D);
         cuda::gemm_params g;
         g.W = Wg.d, g.W2 = Wu.d, g.N = F, g.x16 = (const uint16_t*)dx16.get(), g.ldx16 = D;
         g.gather = (const int32_t*)perm.get(), g.gather_div = k;
         g.tiles = (const cuda::gemm_tile*)tiles.get(), g.n_tiles = (const int32_t*)ntiles.get(), g.max_tiles = max_tiles;
+        g.tile_bm = bm;
         g.epi = cuda::gemm_epilogue::swiglu, g.out = (float*)h.get(), g.ldo = F;
         cuda::gemm(g, 0);
         cuda::gemm_params d = g;
@@ -259,7 +262,7 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
         for (int i = 0; i < nt; i++) {
             const cuda::gemm_tile& tl = ht[(size_t)i];
             ASSERT_GT(tl.rows, 0);
-            ASSERT_LE(tl.rows, cuda::k_gemm_bm);
+            ASSERT_LE(tl.rows, bm);
             EXPECT_EQ(tl.row0, covered);
             for (int r = tl.row0; r < tl.row0 + tl.rows; r++) EXPECT_EQ(idx[(size_t)hp[(size_t)r]], tl.expert);
             covered += tl.rows;

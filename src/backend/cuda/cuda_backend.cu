@@ -402,23 +402,25 @@ class cuda_backend final : public backend {
                      const float* wt, const float* sig, float* h, uint16_t* h16, float* y, int T) {
         const int E = md.E, k = md.k;
         const int64_t D = md.D, F = md.F;
-        const int max_tiles = moe_max_tiles(T, E, k);
+        // 128-row tiles once experts average that many rows (fast mode; the precise kernel has 64-row tiles)
+        const int bm = precise_gemm_ ? k_gemm_bm : moe_tile_rows(T, E, k);
+        const int max_tiles = moe_max_tiles(T, E, k, bm);
         int32_t* perm = ws_perm_.ensure((size_t)T * k);
         int32_t* pos_of = ws_pos_.ensure((size_t)T * k);
         gemm_tile* tiles = ws_tiles_.ensure((size_t)max_tiles);
         int32_t* n_tiles = ws_ntiles_.ensure(1);
-        moe_plan(perm, pos_of, tiles, n_tiles, idx, T, E, k, stream_);
+        moe_plan(perm, pos_of, tiles, n_tiles, idx, T, E, k, bm, stream_);
 
         gemm_params g;  // routed gate/up: A rows gathered from the tokens of the sorted slots
         g.W = md.gate, g.W2 = md.up, g.N = F, g.x = m, g.ldx = D, g.gather = perm, g.gather_div = k;
-        g.tiles = tiles, g.n_tiles = n_tiles, g.max_tiles = max_tiles;
+        g.tiles = tiles, g.n_tiles = n_tiles, g.max_tiles = max_tiles, g.tile_bm = bm;
         g.epi = gemm_epilogue::swiglu, g.out = h, g.ldo = F;
         g.x16 = m16, g.ldx16 = D, g.out16 = h16, g.out16_scale = k_down_a_scale;
         g.precise = precise_gemm_;
         gemm(g, stream_);
         gemm_params d;  // routed down: sorted rows in, sorted rows out
         d.W = md.down, d.N = D, d.x = h, d.ldx = F;
-        d.tiles = tiles, d.n_tiles = n_tiles, d.max_tiles = max_tiles;
+        d.tiles = tiles, d.n_tiles = n_tiles, d.max_tiles = max_tiles, d.tile_bm = bm;
         d.epi = gemm_epilogue::rows, d.out = y, d.ldo = D;
         d.a_scale = k_down_a_scale;
         d.x16 = h16, d.ldx16 = F;

@@ -425,10 +425,10 @@ void launch(const gemm_params& p, cudaStream_t stream) {
     if (p.precise) {
         allow_dynamic_smem<gemm_precise_kernel<F, EPI>>(PRECISE_SMEM);
         gemm_precise_kernel<F, EPI><<<grid, k_threads, PRECISE_SMEM, stream>>>(p);
-    } else if (!p.tiles && p.M >= k_gemm_wide_min_rows) {
+    } else if (p.tiles ? p.tile_bm == 2 * BM : p.M >= k_gemm_wide_min_rows) {
         launch_fast<F, EPI, 2 * BM>(p, grid, stream);
     } else {
-        launch_fast<F, EPI, BM>(p, grid, stream);  // grouped tiles are at most 64 rows (moe_plan)
+        launch_fast<F, EPI, BM>(p, grid, stream);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -471,6 +471,8 @@ void gemm(const gemm_params& p, cudaStream_t stream) {
                 "gemm: swiglu needs gate and up in the same format");
     TANSY_CHECK(p.epi == gemm_epilogue::store ? p.n_seg >= 1 : (p.out != nullptr || p.out16 != nullptr), "gemm: no output");
     TANSY_CHECK(p.tiles == nullptr || p.epi != gemm_epilogue::store, "gemm: grouped tiles need a rows/swiglu output");
+    TANSY_CHECK(!p.tiles || p.tile_bm == BM || (p.tile_bm == 2 * BM && !p.precise),
+                "gemm: grouped tiles of %d rows (precise mode: %d)", p.tile_bm, BM);
     if (p.tiles ? p.max_tiles == 0 : p.M == 0) return;
     switch (p.W.fmt) {
         case dfmt::q4: return launch_epi<dfmt::q4>(p, stream);

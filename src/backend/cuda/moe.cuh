@@ -47,11 +47,14 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
 // ---- many rows (prompt processing): experts as a grouped tensor-core GEMM (gemm.cuh)
 
 // Device-side routing plan for T tokens x k slots: slots sorted by expert (perm[p] = t*k + j at sorted position
-// p, pos_of[t*k + j] = p) and the work list of gemm tiles (expert, first sorted row, rows <= k_gemm_bm), at
-// most moe_max_tiles(T, E, k) of them, the count in *n_tiles. One CTA; no host synchronisation.
-int moe_max_tiles(int T, int E, int k);
+// p, pos_of[t*k + j] = p) and the work list of gemm tiles (expert, first sorted row, rows <= bm), at most
+// moe_max_tiles(T, E, k, bm) of them, the count in *n_tiles. One CTA; no host synchronisation. bm is 64 or 128
+// (gemm_params::tile_bm); moe_tile_rows picks 128 once experts average k_moe_wide_rows_per_expert rows.
+constexpr int k_moe_wide_rows_per_expert = 128;
+int moe_tile_rows(int T, int E, int k);
+int moe_max_tiles(int T, int E, int k, int bm);
 void moe_plan(int32_t* perm, int32_t* pos_of, gemm_tile* tiles, int32_t* n_tiles, const int32_t* idx, int T, int E,
-              int k, cudaStream_t stream);
+              int k, int bm, cudaStream_t stream);
 
 // x[t] += sum_j wt[t][j] * y[pos_of[t*k + j]] + sig[t] * ys[t] (rows of D floats), in a fixed order.
 void moe_combine(float* x, int64_t ldx, const float* y, const float* ys, const int32_t* pos_of, const float* wt,

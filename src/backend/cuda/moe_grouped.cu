@@ -14,8 +14,8 @@ constexpr int k_max_experts = 512;
 constexpr int k_plan_threads = 1024;
 
 __global__ void __launch_bounds__(k_plan_threads) plan_kernel(int32_t* perm, int32_t* pos_of, gemm_tile* tiles,
-                                                             int32_t* n_tiles, const int32_t* idx, int T, int E, int k) {
-    constexpr int BM = k_gemm_bm;
+                                                             int32_t* n_tiles, const int32_t* idx, int T, int E, int k,
+                                                             int BM) {
     __shared__ int cnt[k_max_experts], cur[k_max_experts], tile0[k_max_experts];
     const int n = T * k, tid = threadIdx.x;
     for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
@@ -70,15 +70,20 @@ __global__ void combine_kernel(float* x, int64_t ldx, const float* y, const floa
 
 }  // namespace
 
-int moe_max_tiles(int T, int E, int k) {
+int moe_tile_rows(int T, int E, int k) {
+    return (int64_t)T * k >= (int64_t)k_moe_wide_rows_per_expert * E ? 2 * k_gemm_bm : k_gemm_bm;
+}
+
+int moe_max_tiles(int T, int E, int k, int bm) {
     const int n = T * k;
-    return (n + k_gemm_bm - 1) / k_gemm_bm + std::min(E, n);  // every used expert adds at most one partial tile
+    return (n + bm - 1) / bm + std::min(E, n);  // every used expert adds at most one partial tile
 }
 
 void moe_plan(int32_t* perm, int32_t* pos_of, gemm_tile* tiles, int32_t* n_tiles, const int32_t* idx, int T, int E,
-              int k, cudaStream_t stream) {
+              int k, int bm, cudaStream_t stream) {
     TANSY_CHECK(E <= k_max_experts, "cuda moe: at most %d experts, got %d", k_max_experts, E);
-    plan_kernel<<<1, k_plan_threads, 0, stream>>>(perm, pos_of, tiles, n_tiles, idx, T, E, k);
+    TANSY_CHECK(bm == k_gemm_bm || bm == 2 * k_gemm_bm, "cuda moe: tiles of %d rows", bm);
+    plan_kernel<<<1, k_plan_threads, 0, stream>>>(perm, pos_of, tiles, n_tiles, idx, T, E, k, bm);
     CUDA_CHECK_LAUNCH();
 }
 
