@@ -85,6 +85,7 @@ void check_prefill(pair_of_backends& p) {
         {{B, 20}, {C, 21}},              // two long spans, one row tile holding the end of one and start of the other
         {{A, 129}, {B, 1}, {C, 1}},      // a long span with single-token spans of other sequences
         {{A, 33}},                       // odd length: a 1-token last chunk
+        {{B, 128}},                      // a whole number of staged chunks
         {{B, 1}, {A, 1}, {C, 1}},        // the final states and conv windows, through decode
         {{A, 1}, {C, 1}, {B, 1}},
         {{C, L + 2}, {A, 1}},            // a long span after decode steps (conv window written by the decode kernel)
