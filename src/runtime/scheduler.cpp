@@ -149,7 +149,7 @@ bool scheduler::needs_host_logits(const sequence& s) const {
 
 // row: the sequence's raw logits on the host (nullptr when it needs none); device_argmax: the backend's argmax
 // of the same row (what engine::generate feeds back for greedy decoding).
-void scheduler::pick_and_emit(sequence& s, const float* row, int32_t device_argmax) {
+token_event scheduler::choose(sequence& s, const float* row, int32_t device_argmax, std::vector<float>& scratch_) {
     const int64_t nv = eng_.n_valid_tokens();
     token_event ev;
     int32_t id = device_argmax;
@@ -197,6 +197,11 @@ void scheduler::pick_and_emit(sequence& s, const float* row, int32_t device_argm
         if (s.req.logprobs >= 0) ev.logprob = (float)((double)row[id] - lse);
     }
     ev.id = id;
+    return ev;
+}
+
+void scheduler::emit(sequence& s, token_event ev) {
+    const int32_t id = ev.id;
     ev.t = sched_clock::now();
     s.generated++;
     generated_total_++;
@@ -246,7 +251,7 @@ void scheduler::prefill_chunk(sequence& s) {
         row = host_logits_.data();
     }
     s.prefill_s += std::chrono::duration<double>(sched_clock::now() - t0).count();
-    pick_and_emit(s, row, dev);
+    emit(s, choose(s, row, dev, scratch_));
 }
 
 // Advances the prompts being prefilled by a chunk each, in admission order, up to prefill_budget tokens per
@@ -302,10 +307,35 @@ void scheduler::decode() {
         be.download(host_logits_.data(), logits);
     }
     const int64_t V = logits.cols;
+    // Sampling a 248K-token row costs ~0.1-1 ms on the host: the rows are chosen in parallel (each touches only
+    // its own sequence), then emitted in batch order. Constrained rows stay on this thread (a grammar's state
+    // is the request's own, but its matcher need not be thread-safe).
+    std::vector<token_event> ev((size_t)B);
+    auto row_of = [&](int64_t i) {
+        return any_host && needs_host_logits(*batch[(size_t)i]) ? host_logits_.data() + i * V : nullptr;
+    };
+    auto serial = [&](int64_t i) { return !row_of(i) || (batch[(size_t)i]->req.constraint != nullptr); };
+    int64_t n_parallel = 0;
+    for (int64_t i = 0; i < B; i++) n_parallel += !serial(i);
+    std::vector<std::exception_ptr> failed((size_t)B);  // an exception must not leave an OpenMP region
+#pragma omp parallel if (n_parallel > 1)
+    {
+        thread_local std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < B; i++) {
+            if (serial(i)) continue;
+            try {
+                ev[(size_t)i] = choose(*batch[(size_t)i], row_of(i), dev[(size_t)i], scratch);
+            } catch (...) {
+                failed[(size_t)i] = std::current_exception();
+            }
+        }
+    }
     for (int64_t i = 0; i < B; i++) {
         sequence& s = *batch[(size_t)i];
-        const float* row = any_host && needs_host_logits(s) ? host_logits_.data() + i * V : nullptr;
-        pick_and_emit(s, row, dev[(size_t)i]);
+        if (failed[(size_t)i]) std::rethrow_exception(failed[(size_t)i]);  // as if chosen here, in order
+        if (serial(i)) ev[(size_t)i] = choose(s, row_of(i), dev[(size_t)i], scratch_);
+        emit(s, std::move(ev[(size_t)i]));
     }
     std::lock_guard<std::mutex> lk(mu_);
     stats_.steps++;

@@ -134,7 +134,11 @@ class scheduler {
     void prefill_chunk(sequence& s);
     void prefill_step();
     void decode();
-    void pick_and_emit(sequence& s, const float* row, int32_t device_argmax);
+    // The next token of s from its logits row (host; nullptr: the device's argmax is the token): log-probs,
+    // penalties, constraint mask, sampler. Touches only s (its sampler and constraint) and `scratch`, so the
+    // rows of a batch are chosen in parallel; emit() then delivers in batch order.
+    token_event choose(sequence& s, const float* row, int32_t device_argmax, std::vector<float>& scratch);
+    void emit(sequence& s, token_event ev);
     void finish(sequence& s, finish_reason r, const std::string& error = "");
     void sweep_finished();
     static void release_free_memory();

@@ -26,7 +26,8 @@ class sampler {
     sampling_params p_;
     int64_t n_valid_;
     uint64_t rng_;
-    std::vector<std::pair<float, int32_t>> cand_;
+    std::vector<std::pair<float, int32_t>> cand_;  // (logit, id) of the tokens that can be drawn
+    std::vector<float> w_;                         // their weights, e^((l - l_best) / T)
 };
 
 int32_t argmax(const float* logits, int64_t n);  // first maximum

@@ -51,3 +51,43 @@ TEST(sampler, rejects_bad_parameters) {
     p = {}, p.top_p = 0;
     EXPECT_THROW(sampler{p}, tansy::error);
 }
+
+// top-p over many near-equal tokens: the descending prefix grows past its first 64 (ties: lower ids first), and
+// exactly the prefix is drawn from, uniformly.
+TEST(sampler, top_p_prefix_longer_than_the_first_sort) {
+    std::vector<float> l(1000, 0.0f);
+    sampling_params p;
+    p.temperature = 1.0f, p.top_p = 0.5f, p.seed = 11;
+    sampler s(p);
+    std::vector<int> hits(1000, 0);
+    const int N = 20000;
+    for (int i = 0; i < N; i++) hits[(size_t)s.sample(l.data(), 1000)]++;
+    for (int i = 500; i < 1000; i++) ASSERT_EQ(hits[(size_t)i], 0) << "token " << i << " is outside the top-p prefix";
+    int lo = N, hi = 0;
+    for (int i = 0; i < 500; i++) lo = std::min(lo, hits[(size_t)i]), hi = std::max(hi, hits[(size_t)i]);
+    EXPECT_GT(lo, 15);  // 40 expected each; Poisson tails over 500 tokens
+    EXPECT_LT(hi, 75);
+}
+
+// The filters together on a known distribution: probabilities 0.4, 0.3, 0.2, 0.1 (and a token with none):
+// top-p 0.75 keeps the first three, renormalised to 4:3:2.
+TEST(sampler, filters_renormalise) {
+    std::vector<float> l = {std::log(0.2f), std::log(0.4f), std::log(0.1f), std::log(0.3f), -1e30f};
+    sampling_params p;
+    p.temperature = 1.0f, p.top_p = 0.75f, p.seed = 5;
+    sampler s(p);
+    std::vector<int> hits(5, 0);
+    const int N = 30000;
+    for (int i = 0; i < N; i++) hits[(size_t)s.sample(l.data(), 5)]++;
+    EXPECT_EQ(hits[2], 0);
+    EXPECT_EQ(hits[4], 0);
+    EXPECT_NEAR(hits[1] / (double)N, 4.0 / 9, 0.015);
+    EXPECT_NEAR(hits[3] / (double)N, 3.0 / 9, 0.015);
+    EXPECT_NEAR(hits[0] / (double)N, 2.0 / 9, 0.015);
+    p.top_p = 1.0f, p.top_k = 2;  // top-k 2: 4:3
+    sampler k2(p);
+    std::fill(hits.begin(), hits.end(), 0);
+    for (int i = 0; i < N; i++) hits[(size_t)k2.sample(l.data(), 5)]++;
+    EXPECT_EQ(hits[0] + hits[2] + hits[4], 0);
+    EXPECT_NEAR(hits[1] / (double)N, 4.0 / 7, 0.015);
+}

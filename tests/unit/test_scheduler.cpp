@@ -306,6 +306,39 @@ TEST(scheduler, seeded_sampling_is_reproducible_and_logprobs_are_consistent) {
     }
 }
 
+TEST(scheduler, sampled_sequences_in_one_batch_draw_as_they_do_alone) {
+    // Sampled rows of a batch are chosen in parallel; each must still draw exactly what it draws alone (its own
+    // sampler and seed, the CPU backend's batch rows computed independently), penalties included.
+    const std::vector<std::string> users = {"What is 2+2?", "Write a haiku about the sea.", "Hello!", "List three colours."};
+    auto request = [&](size_t i, const std::shared_ptr<collect_sink>& sink) {
+        sequence_request r = make_request(chat_prompt(users[i]), 10, sink);
+        r.sampling.temperature = 0.9f;
+        r.sampling.top_p = i % 2 ? 0.9f : 1.0f;
+        r.sampling.top_k = i == 2 ? 40 : 0;
+        r.sampling.seed = 77 + i;
+        if (i == 3) r.penalties.presence = 0.5f;
+        return r;
+    };
+    std::vector<std::vector<int32_t>> alone;
+    for (size_t i = 0; i < users.size(); i++) {
+        scheduler s(tiny().eng(), scheduler_options{});
+        auto sink = std::make_shared<collect_sink>();
+        ASSERT_EQ(s.submit(1, request(i, sink)), scheduler::submit_status::ok);
+        sink->wait();
+        alone.push_back(sink->ids());
+    }
+    scheduler s(tiny().eng(), scheduler_options{});
+    std::vector<std::shared_ptr<collect_sink>> sinks;
+    for (size_t i = 0; i < users.size(); i++) {
+        sinks.push_back(std::make_shared<collect_sink>());
+        ASSERT_EQ(s.submit(20 + i, request(i, sinks.back())), scheduler::submit_status::ok);
+    }
+    for (size_t i = 0; i < users.size(); i++) {
+        sinks[i]->wait();
+        EXPECT_EQ(sinks[i]->ids(), alone[i]) << "sequence " << i;
+    }
+}
+
 TEST(scheduler, max_tokens_and_shutdown_end_sequences) {
     scheduler s(tiny().eng(), scheduler_options{});
     auto a = std::make_shared<collect_sink>(), b = std::make_shared<collect_sink>();
