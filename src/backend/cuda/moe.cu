@@ -8,7 +8,6 @@
 // v3: gate/up keeps the normalised input in registers and walks (slot, row) pairs (as gemv_xs_kernel).
 // v4: top-k selects with two warp reductions (redux.sync) per round instead of 2 x 5 shuffles, and on the
 //     decode path runs inside gate/up (every block of a token computes it; block 0 stores it for down).
-// v5: down gives each warp 4 rows (activations staged once per 16 rows) and issues weight loads first.
 #include <algorithm>
 #include <climits>
 
@@ -250,19 +249,13 @@ __global__ void __launch_bounds__(k_warps * 32)
     }
 }
 
-// grid: (row tiles of D, T); each warp owns DOWN_RPW consecutive output rows. The (k+1) x (F/CH) (slot, chunk)
-// pairs of a row are spread over the lanes (at most DOWN_MAXP per lane), so all slots' weights load at once;
-// the next row's loads are in flight while the current one is summed, and the first row's are issued before
-// the block stages the token's activations (v2: one row per warp staged the 18 KB of activations once per 4
-// rows: 9.4 MB of L2 reads for 5.3 MB of weights per token and layer, and only after they had landed).
-// Requires F == Fs.
-constexpr int DOWN_RPW = 4, DOWN_MAXP = 8;
-
+// grid: (row tiles of D, T); one warp per output row. The (k+1) x (F/CH) (slot, chunk) pairs of the row are
+// spread over the lanes, so all slots' weights load at once; requires F == Fs.
 template <dfmt F>
 __global__ void __launch_bounds__(k_warps * 32)
     down_kernel(float* x, int64_t ldx, const dmoe m, const int32_t* idx, const float* wt, const float* sig,
                 const float* h, int64_t h_ld) {
-    constexpr int CH = chunk_values<F>();
+    constexpr int CH = chunk_values<F>(), UNROLL = 4;
     __shared__ int64_t s_row0[k_max_topk + 1];
     __shared__ float s_w[k_max_topk + 1];
     extern __shared__ float s_h[];  // the token's (k+1) x F activations, chunk-padded as in stage_x
@@ -273,27 +266,6 @@ __global__ void __launch_bounds__(k_warps * 32)
         s_row0[j] = j == m.k ? -1 : (int64_t)idx[t * m.k + j] * m.D;
         s_w[j] = j == m.k ? sig[t] : wt[t * m.k + j];
     }
-    __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t row0 = ((int64_t)blockIdx.x * k_warps + warp) * DOWN_RPW;
-    const int64_t cpr = m.F / CH, pairs = (m.k + 1) * cpr, rw = m.down.row_words(), ng = m.down.n_groups();
-    uint4 w[2][DOWN_MAXP];
-    uint32_t sb[2][DOWN_MAXP];
-    auto load_row = [&](int b, int64_t row) {  // row < m.D
-#pragma unroll
-        for (int u = 0; u < DOWN_MAXP; u++) {
-            const int64_t q = lane + 32 * u;
-            if (q >= pairs) break;
-            const int slot = (int)(q / cpr);
-            const int64_t c = q % cpr;
-            const bool sh = s_row0[slot] < 0;
-            const dmat& W = sh ? m.s_down : m.down;
-            const int64_t r = sh ? row : s_row0[slot] + row;
-            w[b][u] = __ldg(reinterpret_cast<const uint4*>(W.w + r * rw) + c);
-            sb[b][u] = F != dfmt::bf16 ? __ldg(W.sb + r * ng + (c * CH) / W.group) : 0u;
-        }
-    };
-    if (row0 < m.D) load_row(0, row0);  // in flight while the activations are staged
     {
         const int64_t per_slot = m.F, total = (m.k + 1) * per_slot;
         for (int64_t e = 4 * threadIdx.x; e < total; e += 4 * blockDim.x) {
@@ -303,25 +275,39 @@ __global__ void __launch_bounds__(k_warps * 32)
         }
     }
     __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t row = (int64_t)blockIdx.x * k_warps + warp;
+    if (row >= m.D) return;  // whole warp; no barrier follows
+    const int64_t cpr = m.F / CH, pairs = (m.k + 1) * cpr, rw = m.down.row_words(), ng = m.down.n_groups();
+    float total = 0;
+    for (int64_t q0 = lane; q0 < pairs; q0 += 32 * UNROLL) {
+        uint4 w[UNROLL];
+        uint32_t sb[UNROLL];
+        int slot[UNROLL];
+        int64_t c[UNROLL];
 #pragma unroll
-    for (int rr = 0; rr < DOWN_RPW; rr++) {
-        const int64_t row = row0 + rr;
-        if (row >= m.D) break;  // whole warp; no barrier follows
-        if (rr + 1 < DOWN_RPW && row + 1 < m.D) load_row((rr + 1) & 1, row + 1);
-        float total = 0;
-#pragma unroll
-        for (int u = 0; u < DOWN_MAXP; u++) {
-            const int64_t q = lane + 32 * u;
-            if (q >= pairs) break;
-            const int slot = (int)(q / cpr);
-            const int64_t c = q % cpr;
-            float xv[CH];
-            chunk_load<CH>(xv, s_h + (slot * cpr + c) * (CH + 4));
-            total += s_w[slot] * affine_or_dense<F>(w[rr & 1][u], sb[rr & 1][u], xv, chunk_sum<CH>(xv));
+        for (int u = 0; u < UNROLL; u++) {
+            const int64_t q = min(q0 + 32 * u, pairs - 1);
+            slot[u] = (int)(q / cpr), c[u] = q % cpr;
+            const bool sh = s_row0[slot[u]] < 0;
+            const dmat& W = sh ? m.s_down : m.down;
+            const int64_t r = sh ? row : s_row0[slot[u]] + row;
+            w[u] = __ldg(reinterpret_cast<const uint4*>(W.w + r * rw) + c[u]);
+            if constexpr (F != dfmt::bf16)
+                sb[u] = __ldg(W.sb + r * ng + (c[u] * CH) / W.group);
+            else
+                sb[u] = 0;
         }
-        total = warp_sum(total);
-        if (lane == 0) x[t * ldx + row] += total;
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            if (q0 + 32 * u >= pairs) break;
+            float xv[CH];
+            chunk_load<CH>(xv, s_h + (slot[u] * cpr + c[u]) * (CH + 4));
+            total += s_w[slot[u]] * affine_or_dense<F>(w[u], sb[u], xv, chunk_sum<CH>(xv));
+        }
     }
+    total = warp_sum(total);
+    if (lane == 0) x[t * ldx + row] += total;
 }
 
 int chunk_of(dfmt f) { return f == dfmt::q4 ? 32 : f == dfmt::q8 ? 16 : 8; }
@@ -391,12 +377,9 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
                 (long long)m.F, (long long)m.Fs);
     TANSY_CHECK(m.F % chunk_of(f) == 0 && m.k <= k_max_topk, "moe_down: F=%lld", (long long)m.F);
     if (T == 0) return;
-    const int64_t rows_per_block = (int64_t)k_warps * DOWN_RPW;
-    const dim3 grid((unsigned)((m.D + rows_per_block - 1) / rows_per_block), (unsigned)T);
+    const dim3 grid((unsigned)((m.D + k_warps - 1) / k_warps), (unsigned)T);
     const int64_t h_ld = std::max(m.F, m.Fs);
     const int CH = chunk_of(f);
-    TANSY_CHECK((m.k + 1) * (m.F / CH) <= 32 * DOWN_MAXP, "moe_down: %lld (slot, chunk) pairs per row (at most %d)",
-                (long long)((m.k + 1) * (m.F / CH)), 32 * DOWN_MAXP);
     const size_t smem = (size_t)(m.k + 1) * (m.F / CH) * (CH + 4) * sizeof(float);
     TANSY_CHECK(smem <= 48 * 1024, "moe_down: %zu bytes of activations per token", smem);
     switch (f) {
