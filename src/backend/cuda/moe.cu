@@ -255,7 +255,7 @@ template <dfmt F>
 __global__ void __launch_bounds__(k_warps * 32)
     down_kernel(float* x, int64_t ldx, const dmoe m, const int32_t* idx, const float* wt, const float* sig,
                 const float* h, int64_t h_ld) {
-    constexpr int CH = chunk_values<F>(), UNROLL = 4;
+    constexpr int CH = chunk_values<F>(), UNROLL = 8;  // 4-bit: all 144 (slot, chunk) pairs of a row in one round of loads
     __shared__ int64_t s_row0[k_max_topk + 1];
     __shared__ float s_w[k_max_topk + 1];
     extern __shared__ float s_h[];  // the token's (k+1) x F activations, chunk-padded as in stage_x
