@@ -238,15 +238,16 @@ TEST(cuda_model, real_shape_four_layers_prefill_vs_cpu) {
 // prefill + token-by-token decode of the rest (prefix lengths 1 and half). Positions whose best two logits are
 // closer than TIE_MARGIN are reported as ties (both paths keep a bf16 KV cache; prompt4 has true near-ties,
 // margins 4e-4 and 4e-3 in the golden q4 logits). The issue asks for top-1 100% and KL <= 1e-4: precise GEMMs
-// meet the KL bound, but one position of prompt4 (split 65) still differs in both modes (measured on the H200:
-// KL 5e-6 over the prompt), which we attribute to the MoE: a ~1e-5 change of the hidden state can swap a
-// token's 8th and 9th routed experts and move that position's logits by O(1). Bounds: top-1 >= 99% in both
-// modes, KL <= 1e-4 precise and <= 5e-4 fast (fp16 tensor-core inputs move hidden states by ~1e-3).
+// meet both (H200, 2026-11-30: every prompt and split 100% outside the near-ties, KL <= 6e-6). Fast GEMMs (fp16
+// inputs move hidden states by ~1e-3) agree on every position but one of prompt4 (split 1: 99.23%, KL 2.5e-4),
+// which we attribute to the MoE: a small change of the hidden state can swap a token's 8th and 9th routed
+// experts and move that position's logits by O(1). Bounds: precise as the issue; fast top-1 >= 99%, KL <= 5e-4.
 TEST(cuda_model, prefill_and_decode_paths_agree) {
     TANSY_REQUIRE_GPU();
     constexpr double MAX_PATH_KL = 1e-4;       // the prefill issue's bound (precise)
     constexpr double MAX_PATH_KL_FAST = 5e-4;  // fast: measured 2.6e-4 at worst (prompt4, split 1)
-    constexpr double MIN_PATH_TOP1 = 0.99;  // one routing flip in 130 positions is 99.2%
+    constexpr double MIN_PATH_TOP1 = 1.0;        // the prefill issue's bound (precise)
+    constexpr double MIN_PATH_TOP1_FAST = 0.99;  // fast: one routing flip in 130 positions is 99.2%
     const std::string dir = test::fixture("tiny-qwen35moe-mlx4"), refp = test::fixture("tiny-reference.safetensors");
     test::golden ref(refp);
     for (bool precise : {true, false}) {
@@ -257,7 +258,8 @@ TEST(cuda_model, prefill_and_decode_paths_agree) {
             auto one = test::prefill_then_decode(g, ids, ids.size());
             for (size_t split : {(size_t)1, ids.size() / 2}) {
                 agreement_report r = compare(one, test::prefill_then_decode(g, ids, split), g.cfg().vocab, TIE_MARGIN);
-                EXPECT_GE(r.top1, MIN_PATH_TOP1) << p << " split " << split << (precise ? " precise" : " fast");
+                EXPECT_GE(r.top1, precise ? MIN_PATH_TOP1 : MIN_PATH_TOP1_FAST) << p << " split " << split
+                                                                               << (precise ? " precise" : " fast");
                 EXPECT_LE(r.mean_kl, precise ? MAX_PATH_KL : MAX_PATH_KL_FAST) << p << " split " << split;
                 printf("[ paths %s %s (%zu ids) split %zu ] top-1 %.4f (raw %.4f, %lld ties) KL %.2e\n",
                        precise ? "precise" : "fast", p.c_str(), ids.size(), split, r.top1, r.top1_raw, (long long)r.ties,
