@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/tensor.h"
+#include "sampling/sampler.h"
 #include "model/weights.h"
 #include "state/seq_state.h"
 
@@ -102,6 +104,16 @@ class backend {
     // ids_out[r] = argmax of logits row r over the first n_valid columns (ties: the lowest id). The token
     // stays in backend memory, where the next step's embed reads it.
     virtual void argmax(const tensor& ids_out, const tensor& logits, int64_t n_valid) = 0;
+
+    // Sampling in backend memory, as tansy::sampler draws (sampling/sampler_math.h): ids_out[r] from logits row
+    // r, rng holding row r's splitmix64 state (one u64 per row: a [rows, 2] i32 tensor, seeded with
+    // sampling_math::rng_start) and advancing it. Only where can_sample(p, n_valid) says so; the caller samples
+    // on the host otherwise.
+    virtual bool can_sample(const sampling_params& p, int64_t n_valid) const { return false; }
+    virtual void sample(const tensor& ids_out, const tensor& logits, int64_t n_valid, const sampling_params& p,
+                        const tensor& rng) {
+        fail("backend %s: sampling in backend memory is not supported", name());
+    }
 
     // ---- graphs: a fixed sequence of ops recorded once and replayed (CUDA graphs). Backends without them
     // return false from supports_graphs() and the caller runs the ops eagerly.

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "loader/load_model.h"
 #include "quant/quantize_model.h"
+#include "sampling/sampler_math.h"
 
 #ifndef TANSY_DEFAULT_MODEL_DIR
 #define TANSY_DEFAULT_MODEL_DIR "models/tiny-chat-q4"
@@ -77,12 +78,21 @@ generation_stats engine::generate(seq_state& st, const generation_request& req,
     if (req.max_tokens <= 0) return gs;
     backend& be = *backend_;
     const bool greedy = req.sampling.temperature == 0.0f;
-    sampler smp(req.sampling, n_valid_);
+    sampler smp(req.sampling, n_valid_);  // validates the parameters
+    const bool device_sampling = !greedy && req.device_sampling && be.can_sample(req.sampling, n_valid_);
+    buffer rng;  // the device sampler's splitmix64 state: the host sampler's start for this seed
+    if (device_sampling) {
+        rng = be.alloc(1, 2, dtype::i32);
+        const uint64_t st = sampling_math::rng_start(req.sampling.seed);
+        be.upload(rng.t(), &st);
+    }
     const tensor tok = tok_.t();
     std::vector<float> host_logits;
-    // The next token into `tok`: on the device for greedy, through the host sampler otherwise.
+    // The next token into `tok`: on the device for greedy and for the sampling the backend supports, through the
+    // host sampler otherwise.
     auto pick = [&](const tensor& logits) {
         if (greedy) return be.argmax(tok, logits, n_valid_);
+        if (device_sampling) return be.sample(tok, logits, n_valid_, req.sampling, rng.t());
         host_logits.resize((size_t)logits.numel());
         be.download(host_logits.data(), logits);
         const int32_t id = smp.sample(host_logits.data(), logits.cols);
@@ -110,7 +120,7 @@ generation_stats engine::generate(seq_state& st, const generation_request& req,
     if (!emit(id)) return gs;
 
     auto t1 = clock::now();
-    const bool graphs = req.use_graphs && greedy && be.supports_graphs();
+    const bool graphs = req.use_graphs && (greedy || device_sampling) && be.supports_graphs();
     bool warm = false, captured = false;
     uint64_t epoch_be = 0, epoch_fw = 0;
     auto epochs_match = [&] { return be.memory_epoch() == epoch_be && fwd_->memory_epoch() == epoch_fw; };

@@ -37,6 +37,9 @@ struct generation_request {
     sampling_params sampling;   // temperature 0: greedy
     std::vector<int32_t> stop;  // ids that end the generation (the stop id itself is reported)
     bool use_graphs = true;
+    // sampled decoding: draw on the device where the backend can (backend::can_sample; the same token as the
+    // host sampler would draw), so a step stays one graph replay; false: always the host sampler
+    bool device_sampling = true;
 };
 
 struct generation_stats {

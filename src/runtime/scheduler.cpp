@@ -311,21 +311,24 @@ void scheduler::decode() {
     // its own sequence), then emitted in batch order. Constrained rows stay on this thread (a grammar's state
     // is the request's own, but its matcher need not be thread-safe).
     std::vector<token_event> ev((size_t)B);
-    auto row_of = [&](int64_t i) {
-        return any_host && needs_host_logits(*batch[(size_t)i]) ? host_logits_.data() + i * V : nullptr;
-    };
-    auto serial = [&](int64_t i) { return !row_of(i) || (batch[(size_t)i]->req.constraint != nullptr); };
+    std::vector<const float*> rows((size_t)B);
+    std::vector<char> parallel_row((size_t)B);  // decided here: the worker threads touch nothing shared
     int64_t n_parallel = 0;
-    for (int64_t i = 0; i < B; i++) n_parallel += !serial(i);
+    for (int64_t i = 0; i < B; i++) {
+        const sequence& s = *batch[(size_t)i];
+        rows[(size_t)i] = any_host && needs_host_logits(s) ? host_logits_.data() + i * V : nullptr;
+        parallel_row[(size_t)i] = rows[(size_t)i] && !s.req.constraint;
+        n_parallel += parallel_row[(size_t)i];
+    }
     std::vector<std::exception_ptr> failed((size_t)B);  // an exception must not leave an OpenMP region
 #pragma omp parallel if (n_parallel > 1)
     {
         thread_local std::vector<float> scratch;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < B; i++) {
-            if (serial(i)) continue;
+            if (!parallel_row[(size_t)i]) continue;
             try {
-                ev[(size_t)i] = choose(*batch[(size_t)i], row_of(i), dev[(size_t)i], scratch);
+                ev[(size_t)i] = choose(*batch[(size_t)i], rows[(size_t)i], dev[(size_t)i], scratch);
             } catch (...) {
                 failed[(size_t)i] = std::current_exception();
             }
@@ -334,7 +337,7 @@ void scheduler::decode() {
     for (int64_t i = 0; i < B; i++) {
         sequence& s = *batch[(size_t)i];
         if (failed[(size_t)i]) std::rethrow_exception(failed[(size_t)i]);  // as if chosen here, in order
-        if (serial(i)) ev[(size_t)i] = choose(s, row_of(i), dev[(size_t)i], scratch_);
+        if (!parallel_row[(size_t)i]) ev[(size_t)i] = choose(s, rows[(size_t)i], dev[(size_t)i], scratch_);
         emit(s, std::move(ev[(size_t)i]));
     }
     std::lock_guard<std::mutex> lk(mu_);

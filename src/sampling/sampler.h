@@ -28,6 +28,7 @@ class sampler {
     uint64_t rng_;
     std::vector<std::pair<float, int32_t>> cand_;  // (logit, id) of the tokens that can be drawn
     std::vector<float> w_;                         // their weights, e^((l - l_best) / T)
+    std::vector<float> sl_;                        // top-k: the candidates' logits, sorted
 };
 
 int32_t argmax(const float* logits, int64_t n);  // first maximum

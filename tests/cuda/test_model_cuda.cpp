@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <tuple>
 
 #include "../model/golden.h"
 #include "cuda_test_util.h"
@@ -178,6 +179,28 @@ TEST(cuda_model, graphs_replay_what_eager_decode_does) {
     req.prompt = prompt, req.max_tokens = 40;
     test::cpu_engine(test::fixture("tiny-qwen35moe-mlx4")).generate(*st, req, [&](int32_t t) { return c.push_back(t), true; });
     EXPECT_EQ(a, c);
+}
+
+// Sampled decoding drawn on the device (backend::sample, sample.cu) as one graph replay per step, against the same
+// run drawn by the host sampler from downloaded logits: the same logits, seed and arithmetic (sampler_math.h)
+// give the same tokens.
+TEST(cuda_model, device_sampling_draws_what_the_host_sampler_draws) {
+    TANSY_REQUIRE_GPU();
+    engine& g = gpu_engine(test::fixture("tiny-qwen35moe-mlx4"));
+    const std::vector<int32_t> prompt = {220, 5, 7, 11, 13, 17, 19, 23};
+    for (auto [t, k, top_p, min_p] : {std::tuple{0.8f, 20, 0.95f, 0.0f}, {1.2f, 64, 1.0f, 0.02f}, {0.5f, 5, 0.7f, 0.0f}}) {
+        std::vector<int32_t> dev, host;
+        for (bool on_device : {true, false}) {
+            auto st = g.new_sequence(64);
+            generation_request req;
+            req.prompt = prompt, req.max_tokens = 40, req.device_sampling = on_device;
+            req.sampling.temperature = t, req.sampling.top_k = k, req.sampling.top_p = top_p, req.sampling.min_p = min_p;
+            req.sampling.seed = 99;
+            generation_stats s = g.generate(*st, req, [&](int32_t id) { return (on_device ? dev : host).push_back(id), true; });
+            EXPECT_EQ(s.graphs, on_device) << "sampled steps replay as graphs only when drawn on the device";
+        }
+        EXPECT_EQ(dev, host) << "temperature " << t << " top-k " << k << " top-p " << top_p << " min-p " << min_p;
+    }
 }
 
 namespace {

@@ -91,3 +91,44 @@ TEST(sampler, filters_renormalise) {
     EXPECT_EQ(hits[0] + hits[2] + hits[4], 0);
     EXPECT_NEAR(hits[1] / (double)N, 4.0 / 7, 0.015);
 }
+
+// min-p and top-p together: top-p's mass is measured over the survivors of top-k (not those of min-p), and the
+// shorter of the two prefixes wins. Probabilities .4 .2 .2 .1 .1, min-p .3 keeps the first three (p >= .12),
+// top-p .7 needs .4 + .2 + .2 of the total: {0, 1, 2} in both the top-k path and the all-tokens path.
+TEST(sampler, min_p_and_top_p_together) {
+    std::vector<float> l = {std::log(0.4f), std::log(0.2f), std::log(0.2f), std::log(0.1f), std::log(0.1f), -1e30f};
+    for (int k : {0, 5}) {
+        sampling_params p;
+        p.temperature = 1.0f, p.top_k = k, p.min_p = 0.3f, p.top_p = 0.7f, p.seed = 3;
+        sampler s(p);
+        std::vector<int> hits(6, 0);
+        const int N = 30000;
+        for (int i = 0; i < N; i++) hits[(size_t)s.sample(l.data(), 6)]++;
+        EXPECT_EQ(hits[3] + hits[4] + hits[5], 0) << "top-k " << k;
+        EXPECT_NEAR(hits[0] / (double)N, 0.5, 0.015) << "top-k " << k;
+        EXPECT_NEAR(hits[1] / (double)N, 0.25, 0.015) << "top-k " << k;
+    }
+}
+
+// Extreme temperatures: below ~3e-39, 1/T overflows (the limit is an even draw among the tied best); a huge one
+// must not let masked (-inf) tokens in.
+TEST(sampler, extreme_temperatures) {
+    std::vector<float> l = {5.0f, 5.0f, 1.0f};
+    sampling_params p;
+    p.temperature = 1e-40f, p.seed = 8;
+    sampler cold(p);
+    int first = 0;
+    for (int i = 0; i < 2000; i++) {
+        const int32_t id = cold.sample(l.data(), 3);
+        ASSERT_NE(id, 2);
+        first += id == 0;
+    }
+    EXPECT_NEAR(first / 2000.0, 0.5, 0.06);
+    std::vector<float> masked = {0.0f, -INFINITY, 1.0f};
+    p.temperature = 1e37f;
+    for (int k : {0, 2}) {
+        p.top_k = k;
+        sampler hot(p);
+        for (int i = 0; i < 500; i++) ASSERT_NE(hot.sample(masked.data(), 3), 1) << "top-k " << k;
+    }
+}

@@ -16,6 +16,7 @@
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/misc.cuh"
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/sample.cuh"
 #include "backend/cuda/weights_dev.h"
 #include "core/log.h"
 
@@ -263,8 +264,11 @@ class cuda_backend final : public backend {
         int32_t* idx = ws_idx_.ensure((size_t)T * k);
         float* wt = ws_wt_.ensure((size_t)T * k);
         float* sig = ws_sig_.ensure((size_t)T);
-        float* h = ws_h_.ensure((size_t)T * (k + 1) * std::max(cfg_.expert_inter, cfg_.shared_inter));
         const bool grouped = use_gemm(T, {&md.m.gate, &md.m.up, &md.m.down, &md.m.s_gate, &md.m.s_up, &md.m.s_down});
+        // the experts' fp32 activations: the GEMV path's and the precise GEMMs' (fast GEMMs keep them in fp16)
+        float* h = grouped && !precise_gemm_
+                       ? nullptr
+                       : ws_h_.ensure((size_t)T * (k + 1) * std::max(cfg_.expert_inter, cfg_.shared_inter));
         float* y = grouped ? ws_y_.ensure((size_t)T * (k + 1) * md.m.D) : nullptr;
         // the shared expert needs only the normalised input: on the side stream, alongside the router, top-k,
         // routing plan and routed experts (the router GEMM alone leaves a third of the SMs idle)
@@ -277,8 +281,8 @@ class cuda_backend final : public backend {
             h16 = ws_h16_.ensure((size_t)T * (k + 1) * std::max(md.m.F, md.m.Fs));
         }
         if (grouped)
-            shared_expert_async(md.m, xin, m16, h + (size_t)T * k * md.m.F, h16 ? h16 + (size_t)T * k * md.m.F : nullptr,
-                                y + (size_t)T * k * md.m.D, T);
+            shared_expert_async(md.m, xin, m16, h ? h + (size_t)T * k * md.m.F : nullptr,
+                                h16 ? h16 + (size_t)T * k * md.m.F : nullptr, y + (size_t)T * k * md.m.D, T);
         // [router; shared_expert_gate] rows -> logits [T, E+1], always ~fp32 (GEMV, or the precise GEMM): bf16
         // inputs move router logits by ~1e-3 relative, enough to swap the 8th and 9th expert of some tokens, which
         // changes those tokens' outputs by O(1) and makes prompt processing disagree with decode.
@@ -306,6 +310,20 @@ class cuda_backend final : public backend {
         float* scratch = ws_argmax_.ensure((size_t)2 * logits.rows * k_argmax_parts);
         argmax_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols, std::min(n_valid, logits.cols),
                     scratch, stream_);
+    }
+
+    bool can_sample(const sampling_params& p, int64_t n_valid) const override {
+        return p.temperature > 0 && p.top_k >= 1 && p.top_k <= k_sample_max_top_k && p.top_k < n_valid;
+    }
+    void sample(const tensor& ids_out, const tensor& logits, int64_t n_valid, const sampling_params& p,
+                const tensor& rng) override {
+        TANSY_CHECK(can_sample(p, std::min(n_valid, logits.cols)), "cuda: top-k %d sampling of %lld ids", p.top_k,
+                    (long long)n_valid);
+        TANSY_CHECK(rng.rows >= logits.rows && rng.cols == 2 && rng.type == dtype::i32, "cuda sample: rng state shape");
+        sample_args a;
+        a.temperature = p.temperature, a.top_k = p.top_k, a.top_p = p.top_p, a.min_p = p.min_p;
+        sample_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols, std::min(n_valid, logits.cols), a,
+                    (uint64_t*)rng.data, stream_);
     }
 
     size_t device_memory_used() const override {
@@ -403,7 +421,7 @@ class cuda_backend final : public backend {
         const int E = md.E, k = md.k;
         const int64_t D = md.D, F = md.F;
         // 128-row tiles once experts average that many rows (fast mode; the precise kernel has 64-row tiles)
-        const int bm = precise_gemm_ ? k_gemm_bm : moe_tile_rows(T, E, k);
+        const int bm = precise_gemm_ || !gemm_wide_tiles_fit(md.gate.fmt) ? k_gemm_bm : moe_tile_rows(T, E, k);
         const int max_tiles = moe_max_tiles(T, E, k, bm);
         int32_t* perm = ws_perm_.ensure((size_t)T * k);
         int32_t* pos_of = ws_pos_.ensure((size_t)T * k);

@@ -410,6 +410,12 @@ __global__ void to_f16_kernel(uint16_t* dst, const float* src, int64_t rows, int
     }
 }
 
+template <int BMT>
+size_t fast_smem(dfmt f) {
+    return f == dfmt::q4 ? fast_layout<dfmt::q4, BMT>::SMEM
+                         : f == dfmt::q8 ? fast_layout<dfmt::q8, BMT>::SMEM : fast_layout<dfmt::bf16, BMT>::SMEM;
+}
+
 template <dfmt F, gemm_epilogue EPI, int BMT>
 void launch_fast(const gemm_params& p, dim3 grid, cudaStream_t stream) {
     constexpr size_t smem = fast_layout<F, BMT>::SMEM;
@@ -425,7 +431,7 @@ void launch(const gemm_params& p, cudaStream_t stream) {
     if (p.precise) {
         allow_dynamic_smem<gemm_precise_kernel<F, EPI>>(PRECISE_SMEM);
         gemm_precise_kernel<F, EPI><<<grid, k_threads, PRECISE_SMEM, stream>>>(p);
-    } else if (p.tiles ? p.tile_bm == 2 * BM : p.M >= k_gemm_wide_min_rows) {
+    } else if (p.tiles ? p.tile_bm == 2 * BM : p.M >= k_gemm_wide_min_rows && gemm_wide_tiles_fit(F)) {
         launch_fast<F, EPI, 2 * BM>(p, grid, stream);
     } else {
         launch_fast<F, EPI, BM>(p, grid, stream);
@@ -449,23 +455,29 @@ void to_f16(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t
                 "to_f16: rows of %lld values (stride %lld) must be 16-byte aligned", (long long)cols, (long long)ld);
     if (rows == 0) return;
     const int64_t n = rows * (cols / 4);
-    const unsigned blocks = (unsigned)std::min<int64_t>((n + 255) / 256, 132 * 16);
+    const unsigned blocks = (unsigned)std::min<int64_t>((n + 255) / 256, 4096);  // grid-stride beyond
     to_f16_kernel<<<blocks, 256, 0, stream>>>(dst, src, rows, cols, ld, scale);
     CUDA_CHECK_LAUNCH();
 }
 
 bool gemm_supports(const dmat& W) {
     if (W.cols % BK != 0 || W.cols == 0) return false;
-    return W.fmt == dfmt::bf16 || (W.group > 0 && W.group % 32 == 0);
+    if (!(W.fmt == dfmt::bf16 || (W.group > 0 && W.group % 32 == 0))) return false;
+    // both modes' 64-row kernels must fit the device's shared memory (not every format does on sm_86/89's 99 KB:
+    // those take the GEMV path)
+    return std::max(fast_smem<BM>(W.fmt), PRECISE_SMEM) <= max_dynamic_smem();
 }
+
+bool gemm_wide_tiles_fit(dfmt f) { return fast_smem<2 * BM>(f) <= max_dynamic_smem(); }
 
 void gemm(const gemm_params& p, cudaStream_t stream) {
     TANSY_CHECK(gemm_supports(p.W), "gemm: unsupported matrix (%lld columns, group %d)", (long long)p.W.cols, p.W.group);
     if (p.precise)
         TANSY_CHECK(p.x && p.ldx % 4 == 0 && ((uintptr_t)p.x % 16) == 0, "gemm: A rows (fp32) must be 16-byte aligned");
     else
-        TANSY_CHECK(p.x16 && p.ldx16 % 8 == 0 && ((uintptr_t)p.x16 % 16) == 0,
-                    "gemm: fast mode needs A as fp16 (x16, to_f16) with 16-byte aligned rows");
+        TANSY_CHECK(p.x16 && p.ldx16 % 8 == 0 && p.ldx16 >= p.W.cols && ((uintptr_t)p.x16 % 16) == 0,
+                    "gemm: fast mode needs A as fp16 (x16, to_f16) with 16-byte aligned rows of K values");
+    TANSY_CHECK(!p.tiles || p.tile_bm == BM || gemm_wide_tiles_fit(p.W.fmt), "gemm: 128-row tiles do not fit this device");
     TANSY_CHECK(p.out16 == nullptr || (p.epi == gemm_epilogue::swiglu && !p.precise), "gemm: out16 is for fast swiglu");
     TANSY_CHECK(p.epi != gemm_epilogue::swiglu || (p.W2.fmt == p.W.fmt && p.W2.cols == p.W.cols && p.W2.group == p.W.group),
                 "gemm: swiglu needs gate and up in the same format");

@@ -67,8 +67,12 @@ struct gemm_params {
 // fast GEMM's A operand, converted once instead of in every CTA that reads it. cols and ld multiples of 4.
 void to_f16(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld, float scale, cudaStream_t stream);
 
-// True when gemm() can run W (format, K a multiple of 64, group a multiple of 32).
+// True when gemm() can run W (format, K a multiple of 64, group a multiple of 32, and its kernels fit the
+// device's shared memory).
 bool gemm_supports(const dmat& W);
+// True when the 128-row tiles of this weight format fit the device's shared memory (dense calls of
+// k_gemm_wide_min_rows rows take them then; grouped calls only when moe_plan was given bm = 128).
+bool gemm_wide_tiles_fit(dfmt f);
 
 // CPU twin: cpu::matmul (W rows of expert e: rows [e*N, (e+1)*N)).
 void gemm(const gemm_params& p, cudaStream_t stream);

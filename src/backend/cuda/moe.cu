@@ -21,9 +21,13 @@ constexpr int k_warps = 4;
 constexpr int k_max_topk = 16;
 constexpr int k_max_experts = 512;
 
-// Float bits mapped so that unsigned order is float order (-inf > 0: 0 is below every logit).
+// Float bits mapped so that unsigned order is float order (-inf > 1: 0 marks padding and taken experts). -0
+// counts as +0 (a tie, which the lower id wins, as on the CPU); NaN maps to 1, below every number, so it is
+// chosen only when nothing else is left (and it is still a real expert id).
 __device__ __forceinline__ uint32_t float_order(float f) {
-    const uint32_t b = __float_as_uint(f);
+    uint32_t b = __float_as_uint(f);
+    if (b == 0x80000000u) b = 0;
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 1;
     return (b & 0x80000000u) ? ~b : b | 0x80000000u;
 }
 __device__ __forceinline__ float order_float(uint32_t u) {

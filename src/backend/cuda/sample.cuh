@@ -1,0 +1,26 @@
+// Top-k sampling on the device (temperature, top-k 1..k_sample_max_top_k, top-p, min-p): the sampled token is
+// written to device memory like argmax_rows' (a decode step with sampling stays one graph replay), and the
+// splitmix64 state lives on the device too. Same candidates and same arithmetic as the host sampler
+// (sampling/sampler_math.h), so both draw the same token from the same logits and seed. Host launcher only.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tansy::cuda {
+
+constexpr int k_sample_max_top_k = 64;
+
+struct sample_args {
+    float temperature = 1.0f;  // > 0
+    int top_k = 1;             // 1 .. k_sample_max_top_k
+    float top_p = 1.0f;        // (0, 1]
+    float min_p = 0.0f;        // [0, 1)
+};
+
+// ids[r] = a draw from row r of logits [rows, ld] (only the first n_valid columns compete); rng[r] is row r's
+// splitmix64 state, advanced once. CPU twin: tansy::sampler with the same parameters and seed.
+void sample_rows(int32_t* ids, const float* logits, int rows, int64_t ld, int64_t n_valid, const sample_args& a,
+                 uint64_t* rng, cudaStream_t stream);
+
+}  // namespace tansy::cuda

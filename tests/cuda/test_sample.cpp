@@ -1,0 +1,109 @@
+// The CUDA sampler (sample.cu) against its CPU twin, the host sampler (sampling/sampler.cpp): the same candidates
+// and the same arithmetic (sampling/sampler_math.h), so the same draws from the same logits and seeds, over
+// full-size rows (248,320 ids, padding ids excluded, a row stride wider than the row) shaped to hit every step:
+// a broad body with a peaked head, a run of tied top logits wider than top-k, rows of -inf with a few finite
+// tokens, flat rows, and rows with an infinite or NaN logit.
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device.h"
+#include "backend/cuda/sample.cuh"
+#include "cuda_test_util.h"
+#include "sampling/sampler.h"
+#include "sampling/sampler_math.h"
+
+using namespace tansy;
+
+namespace {
+
+// Every draw equal: both sides compute the same candidates and the same floats (no FMA contraction on either
+// side, sums in one fixed order in double); a wrong candidate set, order or weight changes draws at once.
+constexpr double MIN_SAME_DRAWS = 1.0;
+
+std::vector<float> make_row(int64_t n, int kind, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> body(0.0f, 3.0f);
+    std::vector<float> l((size_t)n);
+    const float inf = std::numeric_limits<float>::infinity();
+    switch (kind) {
+        case 0:  // trained-model-like: broad body, peaked head
+            for (float& x : l) x = body(rng);
+            for (int i = 0; i < 30; i++) l[rng() % (uint64_t)n] += 10.0f + (float)i * 0.1f;
+            break;
+        case 1:  // 200 ids tied at the top (top-k takes the lowest ids among them), the rest below
+            for (float& x : l) x = body(rng) - 20.0f;
+            for (int i = 0; i < 200; i++) l[(size_t)(1000 + 37 * i)] = 5.0f;
+            break;
+        case 2:  // -inf (a constraint's mask) but for 12 tokens
+            for (float& x : l) x = -inf;
+            for (int i = 0; i < 12; i++) l[rng() % (uint64_t)n] = body(rng);
+            break;
+        case 3:  // flat
+            for (float& x : l) x = 1.5f;
+            break;
+        case 4:  // an infinite logit: the host sampler returns the (first) maximum
+            for (float& x : l) x = body(rng);
+            l[(size_t)(n / 2)] = inf;
+            l[(size_t)(n / 3)] = std::numeric_limits<float>::quiet_NaN();
+            break;
+    }
+    return l;
+}
+
+}  // namespace
+
+TEST(cuda_sample, draws_what_the_host_sampler_draws) {
+    TANSY_REQUIRE_GPU();
+    const int64_t V = 248320, ld = V + 64, n_valid = V - 77;  // ids >= n_valid are padding rows
+    constexpr int kinds = 5, rows = 10, draws = 8;
+    struct setting {
+        float t;
+        int k;
+        float top_p, min_p;
+    };
+    for (const setting& s : {setting{1.0f, 1, 1.0f, 0.0f}, setting{0.6f, 20, 0.95f, 0.0f}, setting{1.0f, 64, 1.0f, 0.0f},
+                             setting{0.8f, 40, 0.5f, 0.05f}, setting{2.5f, 64, 0.9f, 0.0f}, setting{0.05f, 7, 1.0f, 0.3f}}) {
+        SCOPED_TRACE("temperature " + std::to_string(s.t) + " top-k " + std::to_string(s.k) + " top-p " +
+                     std::to_string(s.top_p) + " min-p " + std::to_string(s.min_p));
+        sampling_params p;
+        p.temperature = s.t, p.top_k = s.k, p.top_p = s.top_p, p.min_p = s.min_p;
+        std::vector<float> host((size_t)(rows * ld), -1e30f);  // the columns past V are never read
+        std::vector<std::vector<float>> lr;
+        for (int r = 0; r < rows; r++) {
+            lr.push_back(make_row(V, r % kinds, 500u + (uint32_t)r));
+            std::copy(lr.back().begin(), lr.back().end(), host.begin() + r * ld);
+        }
+        cuda::device_buffer dl(host.size() * 4), dids((size_t)rows * 4), drng((size_t)rows * 8);
+        dl.upload(host.data(), host.size() * 4);
+        std::vector<uint64_t> st((size_t)rows);
+        for (int r = 0; r < rows; r++) st[(size_t)r] = sampling_math::rng_start(1000 + (uint64_t)r);
+        drng.upload(st.data(), st.size() * 8);
+        std::vector<sampler> twins;
+        for (int r = 0; r < rows; r++) {
+            p.seed = 1000 + (uint64_t)r;
+            twins.emplace_back(p, n_valid);
+        }
+        cuda::sample_args a;
+        a.temperature = p.temperature, a.top_k = p.top_k, a.top_p = p.top_p, a.min_p = p.min_p;
+        int same = 0, total = 0;
+        for (int d = 0; d < draws; d++) {
+            cuda::sample_rows((int32_t*)dids.get(), (const float*)dl.get(), rows, ld, n_valid, a, (uint64_t*)drng.get(), 0);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            std::vector<int32_t> got((size_t)rows);
+            dids.download(got.data(), got.size() * 4);
+            for (int r = 0; r < rows; r++) {
+                const int32_t want = twins[(size_t)r].sample(lr[(size_t)r].data(), V);
+                const int32_t g = got[(size_t)r];
+                ASSERT_GE(g, 0);
+                ASSERT_LT(g, n_valid) << "row " << r << ": a padding id";
+                EXPECT_TRUE(std::isfinite(lr[(size_t)r][(size_t)g]) || r % kinds == 4) << "row " << r << " drew a masked token";
+                same += g == want, total++;
+                EXPECT_EQ(g, want) << "row " << r << " (kind " << r % kinds << "), draw " << d;
+            }
+        }
+        EXPECT_GE((double)same / total, MIN_SAME_DRAWS);
+    }
+}
