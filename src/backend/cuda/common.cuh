@@ -237,6 +237,17 @@ __device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
+// Float bits mapped so that unsigned order is float order (a larger key is a larger float; -inf's key is
+// 0x007FFFFF); -0 counts as +0, and NaN maps to nan_key, below every number (callers keep small keys free as
+// markers). key_value inverts it for numbers.
+__device__ __forceinline__ uint32_t order_key(float f, uint32_t nan_key = 0) {
+    uint32_t b = __float_as_uint(f);
+    if (b == 0x80000000u) b = 0;
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return nan_key;
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float key_value(uint32_t k) { return __uint_as_float((k & 0x80000000u) ? k & 0x7FFFFFFFu : ~k); }
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + __expf(-x)); }
 

@@ -21,19 +21,8 @@ constexpr int k_warps = 4;
 constexpr int k_max_topk = 16;
 constexpr int k_max_experts = 512;
 
-// Float bits mapped so that unsigned order is float order (-inf > 1: 0 marks padding and taken experts). -0
-// counts as +0 (a tie, which the lower id wins, as on the CPU); NaN maps to 1, below every number, so it is
-// chosen only when nothing else is left (and it is still a real expert id).
-__device__ __forceinline__ uint32_t float_order(float f) {
-    uint32_t b = __float_as_uint(f);
-    if (b == 0x80000000u) b = 0;
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 1;
-    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
-}
-__device__ __forceinline__ float order_float(uint32_t u) {
-    return __uint_as_float((u & 0x80000000u) ? u & 0x7FFFFFFFu : ~u);
-}
-
+// Router logits as order_key(l, 1): 0 marks padding and taken experts; a NaN (key 1, below every number) is
+// chosen only when nothing else is left, and is still a real expert id.
 // One warp, one token: the top-k of E router logits (+ bias), ties to the lower id (what a sequential arg-max
 // picks), and the softmax over the selected logits (== the full softmax renormalised over the top-k, MODEL.md
 // §5). Every lane ends with the ids and weights. Each round is two warp reductions (redux.sync), not shuffles.
@@ -45,7 +34,7 @@ __device__ __forceinline__ void warp_topk(const float* l, const float* bias, int
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int e = lane + 32 * i;
-        v[i] = e < E ? float_order(l[e] + (bias ? bias[e] : 0.0f)) : 0u;
+        v[i] = e < E ? order_key(l[e] + (bias ? bias[e] : 0.0f), 1u) : 0u;
     }
     float val[k_max_topk];
 #pragma unroll
@@ -63,7 +52,7 @@ __device__ __forceinline__ void warp_topk(const float* l, const float* bias, int
 #pragma unroll
         for (int i = 0; i < PER; i++)
             if (lane + 32 * i == bi) v[i] = 0u;  // taken
-        chosen[j] = bi, val[j] = order_float(best);
+        chosen[j] = bi, val[j] = key_value(best);
     }
     float sum = 0;
 #pragma unroll

@@ -22,17 +22,8 @@ namespace {
 
 constexpr int THREADS = 1024, WARPS = THREADS / 32;
 
-// Unsigned order of floats (a larger key is a larger float); -0 as +0; NaN as 0, below every number (the host
-// sampler's comparisons never pick a NaN either).
-__device__ __forceinline__ uint32_t key_of(float f) {
-    uint32_t b = __float_as_uint(f);
-    if (b == 0x80000000u) b = 0;
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 0;
-    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
-}
-__device__ __forceinline__ float float_of(uint32_t k) {
-    return __uint_as_float((k & 0x80000000u) ? k & 0x7FFFFFFFu : ~k);
-}
+// Keys: order_key (common.cuh), NaN as 0, below every number (the host sampler's comparisons never pick a NaN).
+__device__ __forceinline__ uint32_t key_of(float f) { return order_key(f); }
 
 // Block-wide reductions and scan through shared memory s[WARPS]; every thread gets the result.
 __device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* s) {
@@ -95,7 +86,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(int32_t* ids, const flo
     uint32_t km = 0;
     for (int i = i0; i < i1; i++) km = max(km, key_of(l[i]));
     km = block_max(km, s_u);
-    const float best = float_of(km);
+    const float best = key_value(km);
     if (km == 0 || !isfinite(best)) {
         int first = INT_MAX;
         for (int i = i0; i < i1 && first == INT_MAX; i++)
