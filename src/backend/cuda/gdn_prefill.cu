@@ -29,6 +29,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gdn.cuh"
+#include "backend/cuda/mma.cuh"  // cp.async
 
 namespace tansy::cuda {
 
@@ -46,37 +47,6 @@ constexpr int BUF_K = 0, BUF_Q = SCAN_CHUNK * KQ_FLOATS, BUF_V = 2 * SCAN_CHUNK 
               BUF_G = BUF_V + SCAN_CHUNK * SCAN_COLS, BUF_FLOATS = BUF_G + 2 * SCAN_CHUNK;
 static_assert(BUF_Q % 4 == 0 && BUF_V % 4 == 0 && BUF_G % 4 == 0 && BUF_FLOATS % 4 == 0, "16-byte staging");
 constexpr size_t SCAN_SMEM = 2 * (size_t)BUF_FLOATS * sizeof(float);
-
-// ---- cp.async (sm_80+; plain copies below, so the file builds for any arch)
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src)
-                 : "memory");
-#else
-    *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
-#endif
-}
-__device__ __forceinline__ void cp_async8(float* dst, const float* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src)
-                 : "memory");
-#else
-    *reinterpret_cast<float2*>(dst) = *reinterpret_cast<const float2*>(src);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
 
 // Workspace views (gdn.cuh): q^ [T, Hk*dk] | k^ [T, Hk*dk] | (beta, alpha) [Hv, T, 2].
 __device__ __forceinline__ float* work_q(const gdn_params& p) { return p.work; }
