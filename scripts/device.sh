@@ -42,7 +42,7 @@ if [ "$what" = profile ]; then
   # per-kernel time of decode steps (batch 1, context 2048) with Nsight Compute; summary by kernel name
   ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
     -k regex:'^(?!.*synth)' build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
-    --contexts ${PROFILE_CONTEXT:-2048} --batches none --prompts none --steps 1 --runs 1 --warmup 0 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
+    --contexts ${PROFILE_CONTEXT:-2048} --batches ${PROFILE_BATCHES:-none} --prompts none --steps 1 --runs 1 --warmup 0 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
   python3 scripts/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt"
 fi
 if [ "$what" = profile-prefill ]; then
@@ -54,15 +54,16 @@ if [ "$what" = profile-prefill ]; then
 fi
 if [ "$what" = detail ]; then
   # Nsight Compute sections for one launch of each decode kernel named in $KERNELS (regex), plus their SASS
-  for k in ${KERNELS:-gemv_xs_kernel}; do
+  for k in ${KERNELS:-gemv_stream_kernel}; do
     ncu --clock-control none --graph-profiling node -k regex:"$k" --launch-skip ${SKIP:-120} --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-      --section LaunchStats build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
+      --section LaunchStats --metrics regex:'smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+      build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
       --contexts 2048 --batches none --prompts none --steps 4 --runs 1 --warmup 0 2>/dev/null | grep -vE "^==PROF==|^  *$" | cut -c1-120 > "$OUT/detail-$k.txt"
     tail -60 "$OUT/detail-$k.txt"
   done
-  cuobjdump -sass build-dev/libtansy_cuda.a 2>/dev/null | awk '/Function : .*gemv_xs_kernel.*dfmtE0ELi2ELi4E/{f=1;n=0} f{print; n++} n>4000{f=0}' \
-    | grep -nE "LDG|LDS|BAR|SHFL|EXIT|BRA|PRMT" | head -80 > "$OUT/sass.txt"
+  cuobjdump -sass build-dev/libtansy_cuda.a 2>/dev/null | awk -v pat="Function : .*${SASS_FN:-gemv_stream_kernelILNS0_4dfmtE0ELi2E}" '$0 ~ pat {f=1;n=0} f{print; n++} n>4000{f=0}' \
+    > "$OUT/sass.txt"
 fi
 if [ "$what" = tokenizer ] || [ "$what" = all ]; then
   # encode speed on this machine's CPU, ours vs Hugging Face tokenizers (installed here), same text and ids

@@ -72,7 +72,12 @@ INSTANTIATE_TEST_SUITE_P(
                       gemv_case{0, 33, 192, 16, true, false}, gemv_case{0, 33, 192, 17, false, false}, gemv_case{0, 1000, 2048, 40, false, false},
                       gemv_case{1, 257, 2048, 1, true, false}, gemv_case{1, 3, 64, 2, false, true},
                       gemv_case{1, 1, 2048, 1, false, false}, gemv_case{2, 9, 256, 1, true, false},
-                      gemv_case{2, 513, 2048, 4, false, true}, gemv_case{2, 31, 24, 3, true, false}));
+                      gemv_case{2, 513, 2048, 4, false, true}, gemv_case{2, 31, 24, 3, true, false},
+                      // one input row, 32k chunks per row: the streamed kernel (many ring tiles per block, tiles
+                      // of 1..16 rows, a ragged last tile)
+                      gemv_case{0, 40009, 2048, 1, true, false}, gemv_case{0, 2051, 4096, 1, false, true},
+                      gemv_case{0, 3, 1024, 1, true, true}, gemv_case{1, 131, 4096, 1, false, false},
+                      gemv_case{2, 1001, 2048, 1, true, true}, gemv_case{2, 77, 512, 1, false, false}));
 
 // Several outputs from one concatenated matrix (the fused projections).
 TEST(cuda_gemv_segments, rows_land_in_their_tensors) {

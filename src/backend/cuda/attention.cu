@@ -39,6 +39,8 @@ __global__ void __launch_bounds__(k_warps * 32) prep_kernel(const attn_params p)
     __shared__ float sh[k_warps][DH];
     const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int hi = blockIdx.y * k_warps + warp;
+    pdl_trigger();
+    pdl_wait();  // q/k/v come from the projection kernel
     if (hi >= p.Hq + p.Hkv) return;
     dseq s;
     const int pos = position_of(p, t, &s);
@@ -111,6 +113,8 @@ __global__ void __launch_bounds__(k_warps * 32) split_kernel(const attn_params p
     float* s_l = s_m + k_warps * G;                 // [k_warps][G]
     const int t = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    pdl_trigger();
+    pdl_wait();  // q and this token's K/V come from prep
     if (row_in_prefill(p, t)) return;
     dseq s;
     const int len = position_of(p, t, &s) + 1;
@@ -189,6 +193,7 @@ __global__ void __launch_bounds__(DH) combine_kernel(const attn_params p) {
     __shared__ float s_f[k_max_splits];
     __shared__ float s_inv_l;
     pdl_trigger();
+    pdl_wait();  // the partials come from split
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
     if (row_in_prefill(p, t)) return;
     dseq s;
@@ -223,7 +228,7 @@ void attention_prep(const attn_params& p, cudaStream_t stream) {
     TANSY_CHECK(p.rope_dim % 2 == 0 && p.rope_dim <= DH, "rope_dim %d", p.rope_dim);
     if (p.T == 0) return;
     const dim3 grid((unsigned)p.T, (unsigned)((p.Hq + p.Hkv + k_warps - 1) / k_warps));
-    prep_kernel<<<grid, k_warps * 32, 0, stream>>>(p);
+    launch_pdl(prep_kernel, grid, dim3(k_warps * 32), 0, stream, p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -231,7 +236,8 @@ template <int G>
 void launch_split(const attn_params& p, cudaStream_t stream) {
     const size_t smem = (size_t)(k_warps * G * DH + 2 * k_warps * G) * sizeof(float);
     allow_dynamic_smem<split_kernel<G>>(smem);
-    split_kernel<G><<<dim3((unsigned)p.T, (unsigned)p.Hkv, (unsigned)p.n_splits), k_warps * 32, smem, stream>>>(p);
+    launch_pdl(split_kernel<G>, dim3((unsigned)p.T, (unsigned)p.Hkv, (unsigned)p.n_splits), dim3(k_warps * 32), smem,
+               stream, p);
 }
 
 void attention_decode(const attn_params& p, cudaStream_t stream) {
@@ -245,7 +251,7 @@ void attention_decode(const attn_params& p, cudaStream_t stream) {
         default: TANSY_ABORT("cuda attention: %d query heads per KV head is not supported", p.Hq / p.Hkv);
     }
     CUDA_CHECK_LAUNCH();
-    combine_kernel<<<dim3((unsigned)p.T, (unsigned)p.Hq), DH, 0, stream>>>(p);
+    launch_pdl(combine_kernel, dim3((unsigned)p.T, (unsigned)p.Hq), dim3(DH), 0, stream, p);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -112,46 +112,51 @@ __device__ __forceinline__ float byte_to_float(uint32_t word, uint32_t byte) {
     return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540u | byte)) - 8388608.0f;
 }
 
-// 1 + q/16 for the 4-bit code q held in bits 3..6 of byte b (bit 7 set): one byte_perm builds the float
-// 0x3F800000 | q << 19 around it.
-__device__ __forceinline__ float nibble_to_one_plus(uint32_t word, uint32_t byte) {
+// 1/2 + q/32 for the 4-bit code q held in bits 3..6 of byte b (bit 7 clear): one byte_perm builds the float
+// 0x3F000000 | q << 19 around it (bit 7 of the byte is the exponent's low bit, 0: no OR needed).
+__device__ __forceinline__ float nibble_to_half_plus(uint32_t word, uint32_t byte) {
     return __uint_as_float(__byte_perm(word, 0x3F000000u, 0x7044u | (byte << 8)));
 }
 
 // sum_i w_i * x_i over one 16-byte chunk of a row, where w_i is the integer code (affine formats, before
 // scale and bias) or the bf16 value (dense). x holds chunk_values<F>() floats and sx = sum_i x_i.
-// note: 4-bit codes are summed as (1 + q/16) x - x: one byte_perm and one FFMA per weight instead of a
+// note: 4-bit codes are summed as 32 (1/2 + q/32) x - 16 x: one byte_perm and one FFMA per weight instead of a
 // conversion, an FADD and an FFMA. The cancellation costs ~4 bits: ~2e-5 relative on a chunk's sum.
+// note: two accumulators (even / odd values) halve the dependent FFMA chain: the decode kernels are bound by
+// instruction latency with 8 warps per SM (Nsight Compute: "wait" stalls), not by the FFMA count.
 template <dfmt F>
 __device__ __forceinline__ float chunk_dot(const uint4& c, const float* x, float sx) {
     const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-    float acc = 0.0f;
+    float a0 = 0.0f, a1 = 0.0f;
     if constexpr (F == dfmt::q4) {
         // word k holds values 8k..8k+7 at nibbles 0..7 (LSB first): even values in the low nibble of each byte
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const uint32_t lo = ((w[k] << 3) & 0x78787878u) | 0x80808080u;
-            const uint32_t hi = ((w[k] >> 1) & 0x78787878u) | 0x80808080u;
+            const uint32_t lo = (w[k] << 3) & 0x78787878u;
+            const uint32_t hi = (w[k] >> 1) & 0x78787878u;
 #pragma unroll
             for (int b = 0; b < 4; b++) {
-                acc = fmaf(nibble_to_one_plus(lo, b), x[8 * k + 2 * b], acc);
-                acc = fmaf(nibble_to_one_plus(hi, b), x[8 * k + 2 * b + 1], acc);
+                a0 = fmaf(nibble_to_half_plus(lo, b), x[8 * k + 2 * b], a0);
+                a1 = fmaf(nibble_to_half_plus(hi, b), x[8 * k + 2 * b + 1], a1);
             }
         }
-        return 16.0f * (acc - sx);
+        return 32.0f * (a0 + a1) - 16.0f * sx;
     } else if constexpr (F == dfmt::q8) {
 #pragma unroll
         for (int k = 0; k < 4; k++)
 #pragma unroll
-            for (int b = 0; b < 4; b++) acc = fmaf(byte_to_float(w[k], b), x[4 * k + b], acc);
+            for (int b = 0; b < 4; b += 2) {
+                a0 = fmaf(byte_to_float(w[k], b), x[4 * k + b], a0);
+                a1 = fmaf(byte_to_float(w[k], b + 1), x[4 * k + b + 1], a1);
+            }
     } else {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            acc = fmaf(__uint_as_float(w[k] << 16), x[2 * k], acc);
-            acc = fmaf(__uint_as_float(w[k] & 0xFFFF0000u), x[2 * k + 1], acc);
+            a0 = fmaf(__uint_as_float(w[k] << 16), x[2 * k], a0);
+            a1 = fmaf(__uint_as_float(w[k] & 0xFFFF0000u), x[2 * k + 1], a1);
         }
     }
-    return acc;
+    return a0 + a1;
 }
 
 // Loads one input row of K floats into registers the way the "x-stationary" kernels want it: lane l gets chunks

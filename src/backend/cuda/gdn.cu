@@ -36,8 +36,12 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
     __shared__ float s_sum[2][32];
     const int span = blockIdx.x, h = blockIdx.y, cb = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
+    pdl_trigger();
     const dspan sp = p.spans[span];
-    if (sp.n > max_rows) return;
+    if (sp.n > max_rows) {
+        pdl_wait();
+        return;
+    }
     const dseq sq = p.seqs[span];
     const int parity = sq.meta[1] & 1;
     const float* cstate = conv_buf(sq, p.shape, p.slot, parity);
@@ -50,6 +54,9 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
     float st[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) st[i] = S[(int64_t)(warp * 32 + i) * p.dv + col];
+    // the state (this kernel's own output of the previous step) loads while the projection finishes (PDL);
+    // qkv, b and a come from it
+    pdl_wait();
     const float A = -expf(p.A_log[h]), dtb = p.dt_bias[h];
     const float qscale = rsqrtf((float)DK);
 
@@ -125,6 +132,7 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
 __global__ void gated_norm_kernel(const gdn_params p) {
     __shared__ float scratch[32];
     pdl_trigger();
+    pdl_wait();  // o comes from the recurrence
     const int64_t rh = blockIdx.x;  // row * Hv + head
     const int j = threadIdx.x;
     const float o = p.o[rh * p.dv + j];
@@ -145,11 +153,11 @@ void gdn_forward(const gdn_params& p, cudaStream_t stream) {
     const bool any_short = !(p.n_spans == 1 && any_long);
     if (any_long) gdn_prefill(p, k_gdn_recur_max_rows + 1, stream);
     if (any_short) {
-        recur_kernel<<<dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)), DK, 0, stream>>>(
-            p, any_long ? k_gdn_recur_max_rows : INT_MAX);
+        launch_pdl(recur_kernel, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)), dim3(DK), 0, stream,
+                   p, any_long ? k_gdn_recur_max_rows : INT_MAX);
         CUDA_CHECK_LAUNCH();
     }
-    gated_norm_kernel<<<(unsigned)(p.T * p.Hv), (unsigned)p.dv, 0, stream>>>(p);
+    launch_pdl(gated_norm_kernel, dim3((unsigned)(p.T * p.Hv)), dim3((unsigned)p.dv), 0, stream, p);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -8,10 +8,16 @@
 //     (rows per subgroup) shrinks for small matrices so that the grid still fills the GPU. H200: fused
 //     projections 35 us (0.4 TB/s), o_proj 12.7 us, lm_head 207 us (1.4 TB/s): the input chunk re-read from L1
 //     for every few rows costs 8x the weight bytes.
-// v3: for one input row, gemv_xs_kernel keeps x in registers and walks rows (below); v2 remains for T > 1.
+// v3: for one input row, gemv_xs_kernel keeps x in registers and walks rows; v2 remains for T > 1.
+// v4: v3's weights stream through a shared-memory ring (gemv_stream_kernel, stream.cuh) instead of registers,
+//     16 warps per SM. H200 (Nsight Compute, one launch): fused DeltaNet projections 14.9 -> 14.0 us, o_proj
+//     9.1 -> 8.4 us, router 7.3 -> 5.8 us. Still not at the bandwidth: with the bytes all in flight the kernels
+//     are bound by instruction issue (~3.3 instructions per 4-bit weight in the dot loop; "wait", "not
+//     selected" and "math pipe throttle" stalls), so 8 warps per SM were slower (380 vs 416 tok/s).
 #include <algorithm>
 
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/stream.cuh"
 
 namespace tansy::cuda {
 
@@ -113,80 +119,98 @@ __global__ void __launch_bounds__(k_warps * 32) gemv_kernel(const gemv_params p,
     }
 }
 
-// T == 1, the decode hot path. The input row is held in registers for the whole kernel: lane l multiplies the
-// chunks l, l+32, l+64, ... of every row, so it loads (and normalises) them once, and the warps then walk rows
-// with only weight traffic (v2 re-read 128 bytes of x per 16 bytes of weight from L1, which capped small
-// matrices at ~0.4 TB/s).
-template <dfmt F, int CPL, int R>
-__global__ void __launch_bounds__(k_warps * 32) gemv_xs_kernel(const gemv_params p) {
+// T == 1, the decode hot path (v4). Lane l multiplies the chunks l, l+32, ... of every row, so the input row
+// is normalised and held in registers once (v3); the weights stream through a shared-memory ring of tiles of
+// whole rows (stream.cuh), queued before the kernel waits for its input: v3 loaded them into registers, a few
+// KB per warp per round trip, which held every decode GEMV to 0.5-1 TB/s.
+int64_t gemv_slot_bytes(const dmat& W, int64_t rows) {
+    return align16(rows * W.row_words() * 4) + align16(rows * W.n_groups() * 4);
+}
+
+template <dfmt F, int CPL, int THREADS, int S>
+__global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params p, int tr, int64_t slot_bytes) {
     constexpr int CH = chunk_values<F>();
     constexpr bool AFFINE = F != dfmt::bf16;
     __shared__ float s_inv[1];
-    extern __shared__ float s_x[];
+    extern __shared__ __align__(16) char smem[];
     const int64_t K = p.W.cols, N = p.W.rows, rw = p.W.row_words(), ng = p.W.n_groups();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t stride = (int64_t)gridDim.x * k_warps * R;
-    int64_t row0 = ((int64_t)blockIdx.x * k_warps + warp) * R;
-    uint4 wv[R][CPL];
-    uint32_t sb[R][CPL];
-    auto load = [&](int64_t r0) {
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int64_t row = min(r0 + r, N - 1);
-            const uint4* wr = reinterpret_cast<const uint4*>(p.W.w + row * rw);
-#pragma unroll
-            for (int i = 0; i < CPL; i++) {
-                wv[r][i] = __ldg(wr + lane + 32 * i);
-                if constexpr (AFFINE) sb[r][i] = __ldg(p.W.sb + row * ng + ((lane + 32 * i) * CH) / p.W.group);
-            }
-        }
+    float* s_x = reinterpret_cast<float*>(smem);
+    char* slots = smem + align16((K / CH) * (CH + 4) * 4);
+    const int64_t code_bytes = align16((int64_t)tr * rw * 4);
+    const int n = block_tiles((N + tr - 1) / tr);
+    auto rows_of = [&](int j, int64_t& r0) {
+        r0 = (int64_t)(blockIdx.x + (int64_t)j * gridDim.x) * tr;
+        return (int)min((int64_t)tr, N - r0);
     };
-    // The weights do not depend on the input: their first loads fly while the previous kernel finishes (PDL)
-    // and while the block normalises and stages x.
+    auto issue = [&](int j) {
+        int64_t r0;
+        const int nr = rows_of(j, r0);
+        char* s = slots + (j % S) * slot_bytes;
+        block_copy_async(s, p.W.w + r0 * rw, nr * rw * 4);
+        if constexpr (AFFINE) block_copy_async(s + code_bytes, p.W.sb + r0 * ng, nr * ng * 4);
+    };
+    // The weights do not depend on the input: they stream while the previous kernel finishes (PDL) and while
+    // the block normalises and stages x.
     pdl_trigger();
-    if (row0 < N) load(row0);
+    ring_start<S>(n, 0, issue);
     pdl_wait();
     if (p.norm_w) block_inv_rms_rows(s_inv, p.x, p.ldx, 1, K, p.eps);
     float xv[CPL][CH], sx[CPL];
     stage_x<CH, CPL>(xv, sx, p.x, p.norm_w, p.norm_w ? s_inv[0] : 1.0f, K, s_x);
-    for (; row0 < N; row0 += stride) {
-        float acc[R];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int gi[CPL];  // lane's scale/bias word in a row, per chunk
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            acc[r] = 0;
+    for (int i = 0; i < CPL; i++) gi[i] = AFFINE ? ((lane + 32 * i) * CH) / p.W.group : 0;
+    ring_run<S>(n, issue, [&](int j) {
+        int64_t r0;
+        const int nr = rows_of(j, r0);
+        const char* s = slots + (j % S) * slot_bytes;
+        for (int r = warp; r < nr; r += THREADS / 32) {
+            const uint4* wr = reinterpret_cast<const uint4*>(s + (int64_t)r * rw * 4);
+            const uint32_t* sbr = reinterpret_cast<const uint32_t*>(s + code_bytes) + (int64_t)r * ng;
+            uint4 wv[CPL];  // the row's shared-memory loads first, then CPL independent FFMA chains
+            uint32_t sb[CPL];
 #pragma unroll
             for (int i = 0; i < CPL; i++) {
-                const float d = chunk_dot<F>(wv[r][i], xv[i], sx[i]);
-                if constexpr (AFFINE)
-                    acc[r] += sb_scale(sb[r][i]) * d + sb_bias(sb[r][i]) * sx[i];
-                else
-                    acc[r] += d;
+                wv[i] = wr[lane + 32 * i];
+                sb[i] = AFFINE ? sbr[gi[i]] : 0u;
             }
-        }
-        if (row0 + stride < N) load(row0 + stride);
+            float acc = 0;
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const float a = warp_sum(acc[r]);
-            if (lane == 0 && row0 + r < N) store_out(p, row0 + r, 0, a);
+            for (int i = 0; i < CPL; i++) {
+                const float d = chunk_dot<F>(wv[i], xv[i], sx[i]);
+                if constexpr (AFFINE)
+                    acc += sb_scale(sb[i]) * d + sb_bias(sb[i]) * sx[i];
+                else
+                    acc += d;
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) store_out(p, r0 + r, 0, acc);
         }
-    }
+    });
 }
 
-template <dfmt F, int CPL, int R>
-void launch_xs(const gemv_params& p, cudaStream_t stream) {
-    static int max_blocks = 0;  // resident blocks on the whole GPU, from the occupancy calculator
-    if (!max_blocks) {
-        int per_sm = 0, dev = 0, sms = 0;
-        const size_t smem = (size_t)32 * CPL * (chunk_values<F>() + 4) * sizeof(float);
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_xs_kernel<F, CPL, R>, k_warps * 32, smem));
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        max_blocks = std::max(1, per_sm) * sms;
-    }
-    const int64_t per_block = (int64_t)k_warps * R;
-    const int64_t blocks = std::min<int64_t>(max_blocks, (p.W.rows + per_block - 1) / per_block);
-    const size_t smem = (size_t)(p.W.cols / chunk_values<F>()) * (chunk_values<F>() + 4) * sizeof(float);
-    launch_pdl(gemv_xs_kernel<F, CPL, R>, dim3((unsigned)blocks), dim3(k_warps * 32), smem, stream, p);
+template <dfmt F, int CPL, int THREADS, int S>
+void launch_stream_as(const gemv_params& p, cudaStream_t stream) {
+    constexpr int CH = chunk_values<F>();
+    const size_t x_bytes = (size_t)align16((p.W.cols / CH) * (CH + 4) * 4);
+    const stream_plan pl = plan_stream<S>(p.W.rows, sm_count(), x_bytes, THREADS,
+                                          [&](int64_t r) { return gemv_slot_bytes(p.W, r); });
+    allow_dynamic_smem<gemv_stream_kernel<F, CPL, THREADS, S>>(stream_smem_limit());
+    const int64_t blocks = std::min<int64_t>(pl.tiles, sm_count());
+    launch_pdl(gemv_stream_kernel<F, CPL, THREADS, S>, dim3((unsigned)blocks), dim3(THREADS), pl.smem, stream, p,
+               pl.rows_per_tile, pl.slot_bytes);
+}
+
+// Inputs in <= 64 registers per lane: a 6-slot ring (a 14 MB projection's whole share per SM in flight), tiles of
+// 16 rows over the block's warps. Wider inputs (K = 4096 at 4 bits): 8 warps (255 registers each), tiles of 8
+// rows, one per warp, 3 slots (a block's ~16 rows).
+template <dfmt F, int CPL>
+void launch_stream(const gemv_params& p, cudaStream_t stream) {
+    if constexpr (CPL * chunk_values<F>() > 64)
+        launch_stream_as<F, CPL, k_stream_threads_wide, 3>(p, stream);
+    else
+        launch_stream_as<F, CPL, k_stream_threads, 6>(p, stream);
 }
 
 // Chunks per lane when the row splits evenly over 32 lanes and the input fits in 128 registers; else 0.
@@ -209,11 +233,11 @@ void launch(const gemv_params& p, cudaStream_t stream) {
     if (p.T == 1) {
         bool done = true;
         switch (xs_chunks_per_lane<F>(n_chunks)) {
-            case 1: launch_xs<F, 1, 4>(p, stream); break;
-            case 2: launch_xs<F, 2, 4>(p, stream); break;
-            case 4: launch_xs<F, 4, 2>(p, stream); break;
+            case 1: launch_stream<F, 1>(p, stream); break;
+            case 2: launch_stream<F, 2>(p, stream); break;
+            case 4: launch_stream<F, 4>(p, stream); break;
             case 8:
-                if constexpr (chunk_values<F>() <= 16) launch_xs<F, 8, 2>(p, stream);
+                if constexpr (chunk_values<F>() <= 16) launch_stream<F, 8>(p, stream);
                 else done = false;
                 break;
             default: done = false;
