@@ -10,11 +10,13 @@
 // v3: back to warps striding over positions with all G heads each, the warps folded through shared memory
 //     without atomics; slices of at least 32 positions, at most 64 per KV head.
 //     (Tried: up to 256 slices for long contexts: 128K decode 215 -> 200 tok/s, reverted.)
+// v4: the split kernel on tensor cores (mma.sync, as attention_prefill), slices of at least 64 positions.
 // The split and combine kernels skip the rows of spans of k_attn_prefill_min_rows or more: attention_prefill
 // (attention_prefill.cu) does those with tensor cores.
 #include <cfloat>
 
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/attention_tile.cuh"
 #include "backend/cuda/common.cuh"
 
 namespace tansy::cuda {
@@ -22,7 +24,7 @@ namespace tansy::cuda {
 namespace {
 
 constexpr int DH = 256, DPL = DH / 32, k_warps = 8, k_max_splits = 256;
-constexpr int k_min_split = 32;  // positions: below this a slice is not worth a block
+constexpr int k_min_split = 64;  // positions: below this a slice is not worth a block (one key tile)
 
 __device__ __forceinline__ int position_of(const attn_params& p, int t, dseq* s_out) {
     const drow r = p.rows[t];
@@ -87,30 +89,36 @@ __global__ void __launch_bounds__(k_warps * 32) prep_kernel(const attn_params p)
     }
 }
 
-__device__ __forceinline__ void bf16x8_to_float(const uint4& u, float* f) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        f[2 * k] = __uint_as_float(w[k] << 16);
-        f[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-    }
-}
-
 // Split slice length for a context of len positions: at least k_min_split positions per block, at most
 // n_splits blocks (the grid's static z extent); the split and combine kernels must agree on it.
 __device__ __forceinline__ int split_len(int len, int n_splits) {
     return max(k_min_split, (len + n_splits - 1) / n_splits);
 }
 
-// One block per (token, KV head, slice of the context). The 8 warps stride over the slice's positions and each
-// loads a K/V row once for all G query heads of the group (GQA packing), keeping G online softmaxes; the block
-// then folds its warps through shared memory (no atomics) into one partial per head.
-template <int G>
-__global__ void __launch_bounds__(k_warps * 32) split_kernel(const attn_params p) {
-    extern __shared__ float smem[];
-    float* s_acc = smem;                            // [k_warps][G][DH]
-    float* s_m = smem + k_warps * G * DH;           // [k_warps][G]
-    float* s_l = s_m + k_warps * G;                 // [k_warps][G]
+// One block per (token, KV head, slice of the context), on tensor cores (v4): the G <= 8 query heads of the KV
+// head are the rows of one m16n8k16 tile, each head twice: bf16(q) in row g and bf16(q - bf16(q)) in row g + 8,
+// so that S = Q K^T sums both halves in the same thread (~16-bit q at no extra mma). Key tiles of BN positions
+// (cp.async, double-buffered) are split over BN/16 warps, 16 keys each: S for those keys, an online softmax in
+// base 2, P rounded to bf16 as the A operand of O += P V (V through ldmatrix.trans), as attention_prefill does.
+// The warps' partials fold through shared memory into one per head for the combine kernel.
+// v3 (one warp per position, fp32 FMAs, a warp reduction per head and position) was bound by instruction issue:
+// ~350 instructions per position and KV head, 1.2 TB/s of KV cache at 128K on an H200.
+template <int G, int BN>
+struct split_cfg {
+    static constexpr int WARPS = BN / 16, THREADS = WARPS * 32, LD = DH + 8;
+    // sQ [16][LD] | 2 stages x (K, V) [BN][LD]; after the loop the K/V space holds the fold's partials
+    static constexpr size_t SMEM = (size_t)(16 + 4 * BN) * LD * sizeof(uint16_t);
+    static_assert(G <= 8, "two rows per query head");
+    static_assert((size_t)WARPS * G * (DH + 2) * sizeof(float) <= (size_t)4 * BN * LD * sizeof(uint16_t), "fold space");
+};
+
+template <int G, int BN>
+__global__ void __launch_bounds__(split_cfg<G, BN>::THREADS) split_kernel(const attn_params p) {
+    using C = split_cfg<G, BN>;
+    constexpr int LD = C::LD, NT_O = DH / 8, STAGE = 2 * BN * LD;
+    extern __shared__ __align__(16) uint16_t smem_kv[];
+    uint16_t* sQ = smem_kv;
+    uint16_t* sKV = sQ + 16 * LD;
     const int t = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     pdl_trigger();
@@ -122,67 +130,112 @@ __global__ void __launch_bounds__(k_warps * 32) split_kernel(const attn_params p
     const int start = sp * S, end = min(len, start + S);
     const int64_t part0 = ((int64_t)t * p.Hq + kh * G) * p.n_splits + sp;  // + g * n_splits
     if (start >= end) return;  // the combine kernel only reads the slices that exist
-    float q[G][DPL], acc[G][DPL], m[G], l[G];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        const float* qs = p.q + ((int64_t)t * p.Hq + kh * G + g) * DH + lane * DPL;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) q[g][i] = qs[i] * rsqrtf((float)DH), acc[g][i] = 0.0f;
-        m[g] = -INFINITY, l[g] = 0.0f;
-    }
-    const uint16_t* K = kv_k(s, p.shape, p.slot) + kh * DH + lane * DPL;
-    const uint16_t* V = kv_v(s, p.shape, p.slot) + kh * DH + lane * DPL;
-    constexpr int UNROLL = 4;  // positions per warp whose K/V loads are in flight together
-    for (int pos0 = start + warp; pos0 < end; pos0 += k_warps * UNROLL) {
-        uint4 kr[UNROLL], vr[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int pos = min(pos0 + u * k_warps, end - 1);
-            kr[u] = *reinterpret_cast<const uint4*>(K + (int64_t)pos * p.shape.kvd);
-            vr[u] = *reinterpret_cast<const uint4*>(V + (int64_t)pos * p.shape.kvd);
+    const int n_tiles = (end - start + BN - 1) / BN;
+    const int64_t kvd = p.shape.kvd;
+    const uint16_t* Kg = kv_k(s, p.shape, p.slot) + (int64_t)kh * DH;
+    const uint16_t* Vg = kv_v(s, p.shape, p.slot) + (int64_t)kh * DH;
+    auto load_stage = [&](int kt) {
+        uint16_t* st = sKV + (kt & 1) * STAGE;
+        load_kv_tile<DH, C::THREADS, BN>(st, Kg, kvd, start + kt * BN, end);
+        load_kv_tile<DH, C::THREADS, BN>(st + BN * LD, Vg, kvd, start + kt * BN, end);
+        cp_async_commit();
+    };
+    load_stage(0);
+    // Q rows: g < G the bf16 head, 8 + g its remainder, the others zero
+    for (int c = threadIdx.x; c < 16 * DH / 4; c += C::THREADS) {
+        const int row = c / (DH / 4), d = (c % (DH / 4)) * 4, g = row % 8;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (g < G) v = *reinterpret_cast<const float4*>(p.q + ((int64_t)t * p.Hq + kh * G + g) * DH + d);
+        uint2 hi = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+        if (row >= 8) {
+            const float4 r = make_float4(v.x - __uint_as_float(hi.x << 16), v.y - __uint_as_float(hi.x & 0xFFFF0000u),
+                                         v.z - __uint_as_float(hi.y << 16), v.w - __uint_as_float(hi.y & 0xFFFF0000u));
+            hi = make_uint2(pack_bf16(r.x, r.y), pack_bf16(r.z, r.w));
         }
+        *reinterpret_cast<uint2*>(sQ + row * LD + d) = hi;
+    }
+    // ldmatrix lane addresses (as attention_prefill): A = Q rows, B = this warp's 16 keys of a tile
+    const uint16_t* q_lane = sQ + (lane % 16) * LD + (lane / 16) * 8;
+    const int k_off = (warp * 16 + lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8;
+    const int v_off = BN * LD + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;
+    const float sl2 = rsqrtf((float)DH) * 1.4426950408889634f;  // scores to base-2 exponents
+    float o[NT_O][4];
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            if (pos0 + u * k_warps >= end) break;
-            float kf[DPL], vf[DPL];
-            bf16x8_to_float(kr[u], kf);
-            bf16x8_to_float(vr[u], vf);
+    for (int j = 0; j < NT_O; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m = -INFINITY, l = 0.0f;  // head lane/4: running max (raw score), this thread's share of the sum
+    for (int kt = 0; kt < n_tiles; kt++) {
+        cp_async_wait<0>();
+        __syncthreads();  // tile kt (and Q) visible; everyone is done with tile kt-1's stage
+        if (kt + 1 < n_tiles) load_stage(kt + 1);
+        const uint16_t* st = sKV + (kt & 1) * STAGE;
+        float sc[2][4] = {};
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                float sc = 0;
+        for (int ks = 0; ks < DH / 16; ks++) {
+            uint32_t a[4], b[4];
+            ldmatrix_x4(a, q_lane + ks * 16);
+            ldmatrix_x4(b, st + k_off + ks * 16);
+            mma_bf16(sc[0], a, b[0], b[1]);
+            mma_bf16(sc[1], a, b[2], b[3]);
+        }
+        // this thread's scores: head lane/4, keys 2(lane%4) + {0, 1} of n-tiles 0 and 1 (hi row + lo row)
+        const int kbase = start + kt * BN + warp * 16 + 2 * (lane % 4);
+        float x[4];
 #pragma unroll
-                for (int i = 0; i < DPL; i++) sc = fmaf(q[g][i], kf[i], sc);
-                sc = warp_sum(sc);
-                const float mn = fmaxf(m[g], sc), corr = __expf(m[g] - mn), e = __expf(sc - mn);
-                l[g] = l[g] * corr + e;
+        for (int j = 0; j < 2; j++)
 #pragma unroll
-                for (int i = 0; i < DPL; i++) acc[g][i] = acc[g][i] * corr + e * vf[i];
-                m[g] = mn;
-            }
+            for (int e = 0; e < 2; e++) x[2 * j + e] = kbase + 8 * j + e < end ? sc[j][e] + sc[j][2 + e] : -INFINITY;
+        float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(mx, m);
+        // a warp whose keys are all past the slice sees mx = -inf: nothing to add (p = 0), nothing to rescale
+        const float corr = m == -INFINITY ? 0.0f : exp2f((m - mx) * sl2);
+        const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
+        float pr[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) pr[e] = exp2f(fmaf(x[e], sl2, -msc));
+        l = l * corr + (pr[0] + pr[1]) + (pr[2] + pr[3]);
+        m = mx;
+        const uint32_t pa[4] = {pack_bf16(pr[0], pr[1]), 0u, pack_bf16(pr[2], pr[3]), 0u};  // rows 8-15: none
+#pragma unroll
+        for (int j = 0; j < NT_O; j += 2) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, st + v_off + j * 8);
+            o[j][0] *= corr, o[j][1] *= corr, o[j + 1][0] *= corr, o[j + 1][1] *= corr;
+            mma_bf16(o[j], pa, b[0], b[1]);
+            mma_bf16(o[j + 1], pa, b[2], b[3]);
         }
     }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // fold the warps: partials [warp][head][DH], then (max in natural units, sum) per (warp, head)
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the K/V tiles: their space takes the partials
+    float* s_acc = reinterpret_cast<float*>(sKV);
+    float* s_m = s_acc + C::WARPS * G * DH;
+    float* s_l = s_m + C::WARPS * G;
+    const int g = lane / 4;
+    if (g < G) {
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-#pragma unroll
-        for (int i = 0; i < DPL; i++) s_acc[(warp * G + g) * DH + lane * DPL + i] = acc[g][i];
-        if (lane == 0) s_m[warp * G + g] = m[g], s_l[warp * G + g] = l[g];
+        for (int j = 0; j < NT_O; j++)
+            *reinterpret_cast<float2*>(s_acc + (warp * G + g) * DH + j * 8 + 2 * (lane % 4)) = make_float2(o[j][0], o[j][1]);
+        if (lane % 4 == 0) s_m[warp * G + g] = m == -INFINITY ? -INFINITY : m * rsqrtf((float)DH), s_l[warp * G + g] = l;
     }
     __syncthreads();
-    // thread (g, d) pairs: fold the warps (a warp that saw no position has m = -inf and contributes 0)
-    for (int gd = threadIdx.x; gd < G * DH; gd += blockDim.x) {
-        const int g = gd / DH, d = gd % DH;
+    for (int gd = threadIdx.x; gd < G * DH; gd += C::THREADS) {
+        const int hg = gd / DH, d = gd % DH;
         float M = -INFINITY;
-        for (int w = 0; w < k_warps; w++) M = fmaxf(M, s_m[w * G + g]);
-        float L = 0, o = 0;
-        for (int w = 0; w < k_warps; w++) {
-            const float mw = s_m[w * G + g];
-            if (mw == -INFINITY) continue;
+        for (int w = 0; w < C::WARPS; w++) M = fmaxf(M, s_m[w * G + hg]);
+        float L = 0, acc = 0;
+        for (int w = 0; w < C::WARPS; w++) {
+            const float mw = s_m[w * G + hg];
+            if (mw == -INFINITY) continue;  // a warp that saw no position
             const float f = __expf(mw - M);
-            L += s_l[w * G + g] * f;
-            o += s_acc[(w * G + g) * DH + d] * f;
+            L += s_l[w * G + hg] * f;
+            acc += s_acc[(w * G + hg) * DH + d] * f;
         }
-        const int64_t part = part0 + (int64_t)g * p.n_splits;
-        p.part_o[part * DH + d] = o;
+        const int64_t part = part0 + (int64_t)hg * p.n_splits;
+        p.part_o[part * DH + d] = acc;
         if (d == 0) p.part_ml[part * 2] = M, p.part_ml[part * 2 + 1] = L;
     }
 }
@@ -232,12 +285,17 @@ void attention_prep(const attn_params& p, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
+// Key tiles of 64 (4 warps) where the shared memory allows (143 KB at head_dim 256), else 32 (76 KB).
 template <int G>
 void launch_split(const attn_params& p, cudaStream_t stream) {
-    const size_t smem = (size_t)(k_warps * G * DH + 2 * k_warps * G) * sizeof(float);
-    allow_dynamic_smem<split_kernel<G>>(smem);
-    launch_pdl(split_kernel<G>, dim3((unsigned)p.T, (unsigned)p.Hkv, (unsigned)p.n_splits), dim3(k_warps * 32), smem,
-               stream, p);
+    const dim3 grid((unsigned)p.T, (unsigned)p.Hkv, (unsigned)p.n_splits);
+    if (split_cfg<G, 64>::SMEM <= max_dynamic_smem()) {
+        allow_dynamic_smem<split_kernel<G, 64>>(split_cfg<G, 64>::SMEM);
+        launch_pdl(split_kernel<G, 64>, grid, dim3(split_cfg<G, 64>::THREADS), split_cfg<G, 64>::SMEM, stream, p);
+    } else {
+        allow_dynamic_smem<split_kernel<G, 32>>(split_cfg<G, 32>::SMEM);
+        launch_pdl(split_kernel<G, 32>, grid, dim3(split_cfg<G, 32>::THREADS), split_cfg<G, 32>::SMEM, stream, p);
+    }
 }
 
 void attention_decode(const attn_params& p, cudaStream_t stream) {
@@ -248,7 +306,7 @@ void attention_decode(const attn_params& p, cudaStream_t stream) {
         case 2: launch_split<2>(p, stream); break;
         case 4: launch_split<4>(p, stream); break;
         case 8: launch_split<8>(p, stream); break;
-        default: TANSY_ABORT("cuda attention: %d query heads per KV head is not supported", p.Hq / p.Hkv);
+        default: TANSY_ABORT("cuda attention: %d query heads per KV head is not supported (1, 2, 4, 8)", p.Hq / p.Hkv);
     }
     CUDA_CHECK_LAUNCH();
     launch_pdl(combine_kernel, dim3((unsigned)p.T, (unsigned)p.Hq), dim3(DH), 0, stream, p);

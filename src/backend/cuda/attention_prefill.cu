@@ -26,6 +26,7 @@
 
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/attention_tile.cuh"
 #include "backend/cuda/mma.cuh"
 
 namespace tansy::cuda {
@@ -46,25 +47,6 @@ struct prefill_cfg {
     // sQ [HPC*64 rows] | stage 0: sK, sV [BN rows each] | stage 1: sK, sV
     static constexpr size_t SMEM = (size_t)(Q_ROWS + 4 * BN) * LD * sizeof(uint16_t);
 };
-
-// One key tile (BN rows of DH bf16, row stride kvd in the cache) into shared memory; keys >= n_keys are
-// zero-filled, never read (they may lie past the cache's capacity, and zeros keep 0 * V finite).
-template <int DH, int THREADS, int BN>
-__device__ __forceinline__ void load_kv_tile(uint16_t* dst, const uint16_t* src, int64_t kvd, int k0, int n_keys) {
-    constexpr int CHUNKS = DH / 8;          // 16-byte chunks per row
-    constexpr int ROWS = THREADS / CHUNKS;  // rows per pass; a warp copies whole rows (coalesced)
-    static_assert(THREADS % CHUNKS == 0 && BN % ROWS == 0, "whole rows per pass");
-    // note: one running source pointer; per-pass 64-bit offsets kept in registers cost 400 bytes of spills
-    const int jt = threadIdx.x / CHUNKS, d = (threadIdx.x % CHUNKS) * 8;
-    const uint16_t* s = src + (int64_t)(k0 + jt) * kvd + d;
-    uint16_t* t = dst + jt * (DH + 8) + d;
-#pragma unroll
-    for (int it = 0; it < BN / ROWS; it++) {
-        const bool ok = k0 + jt + it * ROWS < n_keys;
-        cp_async16_zfill(t + it * ROWS * (DH + 8), ok ? s : src, ok);
-        s += ROWS * kvd;
-    }
-}
 
 // grid (Hq / HPC, tiles): blockIdx.y counts the 64-row tiles of the long spans (span by span; the grid is an
 // upper bound and CTAs past the last tile exit). Each (span, tile) is found by walking p.spans on the device, so
