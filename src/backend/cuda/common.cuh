@@ -36,6 +36,10 @@ namespace tansy::cuda {
 // kernel in the stream is still running; it must call pdl_wait() before touching anything that kernel wrote
 // (and always, before it exits). pdl_trigger() lets the next PDL kernel be scheduled early. Both are no-ops
 // below sm_90.
+// note: the chain is transitive: every kernel triggers first, so before its pdl_wait a kernel may run alongside
+// any kernel launched since the stream's last plain (non-PDL) launch. What it reads before pdl_wait must not be
+// written by any of those: weights, and state written only in earlier decode steps (steps are separated by
+// plain launches: embed, advance).
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");

@@ -399,6 +399,10 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
                        const float* norm_w, float eps, cudaStream_t stream) {
     const dfmt f = m.gate.fmt;
     TANSY_CHECK(m.up.fmt == f && m.s_gate.fmt == f && m.s_up.fmt == f, "moe: mixed weight formats");
+    // the kernels walk every slot's rows with the routed experts' row layout
+    TANSY_CHECK(f == dfmt::bf16 || (m.up.group == m.gate.group && m.s_gate.group == m.gate.group &&
+                                    m.s_up.group == m.gate.group),
+                "moe: mixed quantisation groups");
     TANSY_CHECK(m.D % chunk_of(f) == 0 && ldx % 4 == 0 && m.D % 4 == 0, "moe_gate_up: D=%lld", (long long)m.D);
     TANSY_CHECK(m.k >= 1 && m.k <= k_max_topk && m.k <= m.E && m.E <= k_max_experts, "moe: k=%d E=%d", m.k, m.E);
     if (T == 0) return;
@@ -432,7 +436,8 @@ void launch_down(dim3 grid, const stream_plan& pl, cudaStream_t stream, float* x
 void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
               const float* h, int T, cudaStream_t stream) {
     const dfmt f = m.down.fmt;
-    TANSY_CHECK(m.s_down.fmt == f, "moe: mixed weight formats");
+    TANSY_CHECK(m.s_down.fmt == f && (f == dfmt::bf16 || m.s_down.group == m.down.group),
+                "moe: mixed weight formats or quantisation groups");
     TANSY_CHECK(m.F == m.Fs, "cuda moe: expert width %lld != shared expert width %lld is not supported",
                 (long long)m.F, (long long)m.Fs);
     TANSY_CHECK(m.F % chunk_of(f) == 0 && m.k <= k_max_topk, "moe_down: F=%lld", (long long)m.F);

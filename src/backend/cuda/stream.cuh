@@ -85,10 +85,12 @@ inline int sm_count() {
 }
 
 // A block's ring holds up to ~120 KB: the whole share of a 14 MB projection per SM (132 SMs), so that every
-// byte of a typical decode kernel is requested at once (a second round trip per block costs as much as the
-// transfer), while two different kernels' blocks still fit one SM (228 KB) for PDL overlap. Tiles hold a
-// multiple of the warp count of rows when they can, and are small enough that `blocks` blocks all get one.
-// slot_bytes_of(rows) gives a slot's size for that many rows (16-byte aligned).
+// byte of a typical decode kernel is requested at once. note: with that ring and 16 warps of <= 128 registers
+// a block fills its SM (registers, and shared memory for a second block), so the next kernel's blocks are
+// placed as this kernel's blocks exit: its weight prefetch before pdl_wait overlaps this kernel's tail, not
+// all of it. (8 warps per SM would leave room for both, but lose more to instruction latency: 380 vs 416
+// tok/s.) Tiles hold a multiple of the warp count of rows when they can, and are small enough that `blocks`
+// blocks all get one. slot_bytes_of(rows) gives a slot's size for that many rows (16-byte aligned).
 template <int S, class SlotBytes>
 stream_plan plan_stream(int64_t rows, int64_t blocks, size_t fixed_smem, int threads, SlotBytes&& slot_bytes_of) {
     constexpr int64_t k_ring_budget = 120 * 1024;
