@@ -1,6 +1,7 @@
 // gemv (CUDA) vs cpu::matmul (+ cpu::rms_norm) on odd shapes and fresh random inputs, for every weight format.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
@@ -17,6 +18,9 @@ constexpr double TOL_GEMV_REL = 1e-5;
 
 using cuda::dfmt;
 
+// What the device's round_f16 does: nearest fp16, saturating at +-65504.
+float round_f16_host(float v) { return (float)(_Float16)std::clamp(v, -65504.0f, 65504.0f); }
+
 }  // namespace
 
 struct gemv_case {
@@ -24,6 +28,7 @@ struct gemv_case {
     int64_t rows, cols;
     int T;
     bool norm, accumulate;
+    bool f16 = false;  // gemv_params::f16_inputs (fast mode): the twin rounds x the same way
 };
 
 class cuda_gemv : public ::testing::TestWithParam<gemv_case> {};
@@ -42,6 +47,8 @@ TEST_P(cuda_gemv, matches_cpu_twin) {
     // CPU twin
     std::vector<float> xin = x;
     if (g.norm) cpu::rms_norm(xin.data(), x.data(), g.T, g.cols, nw.data(), 1e-6f);
+    if (g.f16)
+        for (float& v : xin) v = round_f16_host(v);
     std::vector<float> want((size_t)(g.T * g.rows));
     cpu::matmul(want.data(), xin.data(), g.T, m);
     if (g.accumulate)
@@ -56,7 +63,7 @@ TEST_P(cuda_gemv, matches_cpu_twin) {
     p.W = W.d, p.x = (const float*)dx.get(), p.ldx = g.cols, p.T = g.T;
     p.norm_w = g.norm ? (const float*)dn.get() : nullptr;
     p.seg[0] = {(float*)dy.get(), g.rows, 0};
-    p.accumulate = g.accumulate;
+    p.accumulate = g.accumulate, p.f16_inputs = g.f16;
     cuda::gemv(p, 0);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> got(want.size());
@@ -77,7 +84,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // of 1..16 rows, a ragged last tile)
                       gemv_case{0, 40009, 2048, 1, true, false}, gemv_case{0, 2051, 4096, 1, false, true},
                       gemv_case{0, 3, 1024, 1, true, true}, gemv_case{1, 131, 4096, 1, false, false},
-                      gemv_case{2, 1001, 2048, 1, true, true}, gemv_case{2, 77, 512, 1, false, false}));
+                      gemv_case{2, 1001, 2048, 1, true, true}, gemv_case{2, 77, 512, 1, false, false},
+                      // fp16-rounded inputs (no norm: the twin rounds the very same values), both kernels
+                      gemv_case{0, 4099, 2048, 1, false, false, true}, gemv_case{0, 257, 512, 3, false, true, true},
+                      gemv_case{2, 1001, 2048, 1, false, true, true}, gemv_case{0, 2051, 4096, 1, false, false, true}));
 
 // Several outputs from one concatenated matrix (the fused projections).
 TEST(cuda_gemv_segments, rows_land_in_their_tensors) {

@@ -73,12 +73,13 @@ void teacher_window(const char* name, bool q4, bool gold_nll = true, bool precis
     auto sc = c.new_sequence(n), sg = g.new_sequence(n);
     auto cpu = c.step(*sc, in, logits_rows::all);
     auto gpu = g.step(*sg, in, logits_rows::all);
-    // fast prompt processing (fp16 tensor-core inputs, bf16 attention operands) moves logits by ~1e-3: on the
-    // random-weight tiny-gqa model, whose distributions are flat, near-ties (CPU margin < TIE_MARGIN) may flip
+    // fast mode (fp16 GEMM/GEMV inputs, bf16 attention operands, in prompt processing and decode alike) moves
+    // logits by ~1e-3: on the random-weight tiny-gqa model, whose distributions are flat, near-ties (CPU margin
+    // < TIE_MARGIN) may flip
     agreement_report pp = compare(cpu, gpu, V, precise ? 0.0f : TIE_MARGIN);
     EXPECT_GE(pp.top1, MIN_TOP1) << "prompt processing";
     EXPECT_LE(pp.mean_kl, MAX_MEAN_KL) << "prompt processing";
-    agreement_report dp = compare(cpu, decode_path_logits(g, in), V);
+    agreement_report dp = compare(cpu, decode_path_logits(g, in), V, precise ? 0.0f : TIE_MARGIN);
     EXPECT_GE(dp.top1, MIN_TOP1) << "decode path";
     EXPECT_LE(dp.mean_kl, MAX_MEAN_KL) << "decode path";
     double nll = 0, want = 0;
@@ -267,10 +268,10 @@ TEST(cuda_model, real_shape_four_layers_prefill_vs_cpu) {
 // experts and move that position's logits by O(1). Bounds: precise as the issue; fast top-1 >= 99%, KL <= 5e-4.
 TEST(cuda_model, prefill_and_decode_paths_agree) {
     TANSY_REQUIRE_GPU();
-    constexpr double MAX_PATH_KL = 1e-4;       // the prefill issue's bound (precise)
-    constexpr double MAX_PATH_KL_FAST = 5e-4;  // fast: measured 2.6e-4 at worst (prompt4, split 1)
-    constexpr double MIN_PATH_TOP1 = 1.0;        // the prefill issue's bound (precise)
-    constexpr double MIN_PATH_TOP1_FAST = 0.99;  // fast: one routing flip in 130 positions is 99.2%
+    // the prefill issue's bounds, in both modes: fast decode rounds its inputs as the fast GEMM does (measured
+    // worst: KL 3.4e-5 fast, 1.5e-5 precise)
+    constexpr double MAX_PATH_KL = 1e-4;
+    constexpr double MIN_PATH_TOP1 = 1.0;
     const std::string dir = test::fixture("tiny-qwen35moe-mlx4"), refp = test::fixture("tiny-reference.safetensors");
     test::golden ref(refp);
     for (bool precise : {true, false}) {
@@ -281,9 +282,8 @@ TEST(cuda_model, prefill_and_decode_paths_agree) {
             auto one = test::prefill_then_decode(g, ids, ids.size());
             for (size_t split : {(size_t)1, ids.size() / 2}) {
                 agreement_report r = compare(one, test::prefill_then_decode(g, ids, split), g.cfg().vocab, TIE_MARGIN);
-                EXPECT_GE(r.top1, precise ? MIN_PATH_TOP1 : MIN_PATH_TOP1_FAST) << p << " split " << split
-                                                                               << (precise ? " precise" : " fast");
-                EXPECT_LE(r.mean_kl, precise ? MAX_PATH_KL : MAX_PATH_KL_FAST) << p << " split " << split;
+                EXPECT_GE(r.top1, MIN_PATH_TOP1) << p << " split " << split << (precise ? " precise" : " fast");
+                EXPECT_LE(r.mean_kl, MAX_PATH_KL) << p << " split " << split << (precise ? " precise" : " fast");
                 printf("[ paths %s %s (%zu ids) split %zu ] top-1 %.4f (raw %.4f, %lld ties) KL %.2e\n",
                        precise ? "precise" : "fast", p.c_str(), ids.size(), split, r.top1, r.top1_raw, (long long)r.ties,
                        r.mean_kl);

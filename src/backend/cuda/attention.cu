@@ -147,7 +147,9 @@ __global__ void __launch_bounds__(split_cfg<G, BN>::THREADS) split_kernel(const 
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (g < G) v = *reinterpret_cast<const float4*>(p.q + ((int64_t)t * p.Hq + kh * G + g) * DH + d);
         uint2 hi = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
-        if (row >= 8) {
+        if (row >= 8 && p.q_bf16) {
+            hi = make_uint2(0u, 0u);
+        } else if (row >= 8) {
             const float4 r = make_float4(v.x - __uint_as_float(hi.x << 16), v.y - __uint_as_float(hi.x & 0xFFFF0000u),
                                          v.z - __uint_as_float(hi.y << 16), v.w - __uint_as_float(hi.y & 0xFFFF0000u));
             hi = make_uint2(pack_bf16(r.x, r.y), pack_bf16(r.z, r.w));

@@ -31,6 +31,7 @@ struct attn_params {
     float* part_o = nullptr;    // [T, Hq, n_splits, dh]
     float* part_ml = nullptr;   // [T, Hq, n_splits, 2]
     int n_splits = 0;
+    bool q_bf16 = false;  // decode: q as one bf16 per value, as attention_prefill takes it (fast mode), not hi + lo
     // output
     float* out = nullptr;       // [T, Hq*dh]
 };

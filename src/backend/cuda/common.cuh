@@ -1,6 +1,7 @@
 // Shared CUDA helpers: error checking, warp/block reductions, bf16 conversions.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cstdint>
 #include <utility>
 #include <cuda_runtime.h>
@@ -163,21 +164,32 @@ __device__ __forceinline__ float chunk_dot(const uint4& c, const float* x, float
     return a0 + a1;
 }
 
+// v rounded to the nearest fp16 (saturating at +-65504), back as fp32: what the fast GEMM's fp16 operands hold
+// (to_f16, pack_f16). The decode kernels round their inputs so in fast mode, so that a prompt's last positions
+// come out the same whether prefilled or decoded.
+__device__ __forceinline__ float round_f16(float v) {
+    uint32_t r;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(0.0f), "f"(v));
+    return __half2float(__ushort_as_half((unsigned short)(r & 0xFFFFu)));
+}
+
 // Loads one input row of K floats into registers the way the "x-stationary" kernels want it: lane l gets chunks
 // l, l+32, ... (CH floats each, optionally RMS-normalised with weights nw and inverse RMS inv), plus each
 // chunk's sum. note: read straight from global memory, lane l's chunk sits 32*CH*4 bytes from its neighbour's,
 // so every load touched 32 cache lines (v3 of the GEMV lost most of its time there); the block stages the row
 // through shared memory with coalesced loads instead, padded by 4 floats per chunk so that the 16-byte reads
-// of 8 lanes (one LDS.128 phase) fall in distinct banks. smem holds (K/CH) * (CH+4) floats.
+// of 8 lanes (one LDS.128 phase) fall in distinct banks. smem holds (K/CH) * (CH+4) floats. f16: the
+// (normalised) values rounded to fp16 (round_f16).
 template <int CH, int CPL>
 __device__ __forceinline__ void stage_x(float (&xv)[CPL][CH], float (&sx)[CPL], const float* x, const float* nw,
-                                        float inv, int64_t K, float* smem) {
+                                        float inv, int64_t K, float* smem, bool f16 = false) {
     for (int64_t k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
         float4 v = *reinterpret_cast<const float4*>(x + k);
         if (nw) {
             const float4 w = *reinterpret_cast<const float4*>(nw + k);
             v.x *= inv * w.x, v.y *= inv * w.y, v.z *= inv * w.z, v.w *= inv * w.w;
         }
+        if (f16) v = make_float4(round_f16(v.x), round_f16(v.y), round_f16(v.z), round_f16(v.w));
         *reinterpret_cast<float4*>(smem + (k / CH) * (CH + 4) + k % CH) = v;
     }
     __syncthreads();

@@ -216,6 +216,7 @@ class cuda_backend final : public backend {
         for (const seq_span& s : spans)
             p.min_span = std::min(p.min_span, (int)s.n), p.max_span = std::max(p.max_span, (int)s.n);
         p.n_splits = k_attn_splits;
+        p.q_bf16 = !precise_gemm_;  // fast mode: decode's scores as attention_prefill computes them
         p.q = ws_q_.ensure((size_t)T * p.Hq * p.dh);
         // note: the split partials take 1 MB per row (real shapes); a batch of long spans only (a prompt)
         // needs none, since those rows go to attention_prefill
@@ -291,7 +292,7 @@ class cuda_backend final : public backend {
         for (const auto& part : md.router.parts) {
             const gemv_segment seg{logits + (part.members[0] == 0 ? 0 : E), E + 1, 0};
             if (T <= k_gemv_max_norm_rows)
-                dense_gemv(part.W, xin, x.cols, T, nw, eps, &seg, 1, false);
+                dense_gemv(part.W, xin, x.cols, T, nw, eps, &seg, 1, false, /*f16=*/false);
             else
                 dense(part.W, xin, x.cols, T, nw, eps, &seg, 1, false, /*precise=*/true);
         }
@@ -302,8 +303,9 @@ class cuda_backend final : public backend {
             moe_grouped(f32(x), x.cols, md.m, xin, m16, idx, wt, sig, h, h16, y, T);
             return;
         }
-        moe_route_gate_up(h, md.m, route, xin, x.cols, T, nw, eps, stream_);
-        moe_down(f32(x), x.cols, md.m, idx, wt, sig, h, T, stream_);
+        // fast mode: inputs rounded as the grouped GEMM's fp16 operands (m16, and h16 = h * k_down_a_scale)
+        moe_route_gate_up(h, md.m, route, xin, x.cols, T, nw, eps, /*f16=*/!precise_gemm_, stream_);
+        moe_down(f32(x), x.cols, md.m, idx, wt, sig, h, T, precise_gemm_ ? 0.0f : k_down_a_scale, stream_);
     }
 
     void end_step(const std::vector<seq_span>& spans) override {
@@ -386,15 +388,16 @@ class cuda_backend final : public backend {
             gemm(p, stream_);
             return;
         }
-        dense_gemv(W, x, ldx, T, nw, eps, seg, n_seg, accumulate);
+        dense_gemv(W, x, ldx, T, nw, eps, seg, n_seg, accumulate, /*f16=*/!(precise || precise_gemm_));
     }
 
-    // The GEMV path of dense() (fp32 math; T <= k_gemv_max_norm_rows when nw is set).
+    // The GEMV path of dense() (fp32 math; T <= k_gemv_max_norm_rows when nw is set). f16: the inputs rounded to
+    // fp16 first, as the fast GEMM's are, so that decode computes what prefill computes (fast mode).
     void dense_gemv(const dmat& W, const float* x, int64_t ldx, int T, const float* nw, float eps,
-                    const gemv_segment* seg, int n_seg, bool accumulate) {
+                    const gemv_segment* seg, int n_seg, bool accumulate, bool f16) {
         gemv_params p;
         p.W = W;
-        p.x = x, p.ldx = ldx, p.T = T, p.norm_w = nw, p.eps = eps;
+        p.x = x, p.ldx = ldx, p.T = T, p.norm_w = nw, p.eps = eps, p.f16_inputs = f16;
         for (int i = 0; i < n_seg; i++) p.seg[i] = seg[i];
         p.n_seg = n_seg, p.accumulate = accumulate;
         gemv(p, stream_);

@@ -29,12 +29,16 @@ constexpr int k_warps = 4, U = 2;
 // memory (the v2 build showed 128-byte stack frames until this).
 template <dfmt F>
 __device__ __forceinline__ float load_x_chunk(float (&xv)[chunk_values<F>()], const float* x,
-                                              const float (&nw)[chunk_values<F>()], bool norm, float scale) {
+                                              const float (&nw)[chunk_values<F>()], bool norm, float scale, bool f16) {
     constexpr int CH = chunk_values<F>();
     chunk_load<CH>(xv, x);
     if (norm) {
 #pragma unroll
         for (int i = 0; i < CH; i++) xv[i] *= scale * nw[i];
+    }
+    if (f16) {
+#pragma unroll
+        for (int i = 0; i < CH; i++) xv[i] = round_f16(xv[i]);
     }
     return chunk_sum<CH>(xv);
 }
@@ -92,7 +96,7 @@ __global__ void __launch_bounds__(k_warps * 32) gemv_kernel(const gemv_params p,
                     if (t >= p.T) break;
                     float xv[CH];
                     const float sx = load_x_chunk<F>(xv, p.x + t * p.ldx + c * CH, nw, p.norm_w != nullptr,
-                                                     p.norm_w ? s_inv[t] : 1.0f);
+                                                     p.norm_w ? s_inv[t] : 1.0f, p.f16_inputs);
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         const float d = chunk_dot<F>(wv[u][r], xv, sx);
@@ -156,7 +160,7 @@ __global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params 
     pdl_wait();
     if (p.norm_w) block_inv_rms_rows(s_inv, p.x, p.ldx, 1, K, p.eps);
     float xv[CPL][CH], sx[CPL];
-    stage_x<CH, CPL>(xv, sx, p.x, p.norm_w, p.norm_w ? s_inv[0] : 1.0f, K, s_x);
+    stage_x<CH, CPL>(xv, sx, p.x, p.norm_w, p.norm_w ? s_inv[0] : 1.0f, K, s_x, p.f16_inputs);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int gi[CPL];  // lane's scale/bias word in a row, per chunk
 #pragma unroll

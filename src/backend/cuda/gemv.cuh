@@ -48,6 +48,7 @@ struct gemv_params {
     gemv_segment seg[4];
     int n_seg = 1;
     bool accumulate = false;  // out += W x instead of out = W x
+    bool f16_inputs = false;  // round x (after the norm) to fp16 first, as the fast GEMM's operands are
 };
 
 constexpr int k_gemv_max_norm_rows = 16;

@@ -98,7 +98,7 @@ __device__ __forceinline__ float affine_or_dense(const uint4& w, uint32_t sb, co
 
 template <dfmt F>
 __device__ __forceinline__ float load_chunk(float (&xv)[chunk_values<F>()], const float* x, const float* nw,
-                                            bool norm, float inv) {
+                                            bool norm, float inv, bool f16) {
     constexpr int CH = chunk_values<F>();
     chunk_load<CH>(xv, x);
     if (norm) {
@@ -107,6 +107,10 @@ __device__ __forceinline__ float load_chunk(float (&xv)[chunk_values<F>()], cons
 #pragma unroll
         for (int i = 0; i < CH; i++) xv[i] *= inv * w[i];
     }
+    if (f16) {
+#pragma unroll
+        for (int i = 0; i < CH; i++) xv[i] = round_f16(xv[i]);
+    }
     return chunk_sum<CH>(xv);
 }
 
@@ -114,7 +118,7 @@ __device__ __forceinline__ float load_chunk(float (&xv)[chunk_values<F>()], cons
 template <dfmt F, int R>
 __global__ void __launch_bounds__(k_warps * 32)
     gate_up_kernel(float* h, const dmoe m, const int32_t* idx, const float* x, int64_t ldx, const float* norm_w,
-                   float eps, int L, int64_t h_ld) {
+                   float eps, bool f16, int L, int64_t h_ld) {
     constexpr int CH = chunk_values<F>();
     __shared__ float s_inv[1];
     const int slot = blockIdx.y, t = slot / (m.k + 1), j = slot % (m.k + 1);
@@ -148,7 +152,7 @@ __global__ void __launch_bounds__(k_warps * 32)
             }
         }
         float xv[CH];
-        const float sx = load_chunk<F>(xv, xr + c * CH, norm_w + c * CH, norm_w != nullptr, inv);
+        const float sx = load_chunk<F>(xv, xr + c * CH, norm_w + c * CH, norm_w != nullptr, inv, f16);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             g[r] += affine_or_dense<F>(wg[r], sg[r], xv, sx);
@@ -184,7 +188,7 @@ int64_t gate_up_slot_bytes(const dmat& G, int64_t rows) {
 template <dfmt F, int CPL, int THREADS>
 __global__ void __launch_bounds__(THREADS)
     gate_up_stream_kernel(float* h, const dmoe m, const moe_routing route, const float* x, int64_t ldx,
-                          const float* norm_w, float eps, int64_t h_ld, int tr, int64_t slot_bytes) {
+                          const float* norm_w, float eps, bool f16, int64_t h_ld, int tr, int64_t slot_bytes) {
     constexpr int CH = chunk_values<F>();
     constexpr bool AFFINE = F != dfmt::bf16;
     __shared__ float s_inv[1];
@@ -244,7 +248,7 @@ __global__ void __launch_bounds__(THREADS)
     ring_start<k_ring_gate_up>(n, 1, issue);
     if (norm_w) block_inv_rms_rows(s_inv, xr, ldx, 1, m.D, eps);
     float xv[CPL][CH], sx[CPL];
-    stage_x<CH, CPL>(xv, sx, xr, norm_w, norm_w ? s_inv[0] : 1.0f, m.D, s_x);
+    stage_x<CH, CPL>(xv, sx, xr, norm_w, norm_w ? s_inv[0] : 1.0f, m.D, s_x, f16);
     int gi[CPL];  // lane's scale/bias word in a row, per chunk
 #pragma unroll
     for (int i = 0; i < CPL; i++) gi[i] = AFFINE ? ((lane + 32 * i) * CH) / m.gate.group : 0;
@@ -283,7 +287,7 @@ int64_t down_slot_bytes(const dmat& W, int slots, int64_t rows) {
 template <dfmt F, int THREADS>
 __global__ void __launch_bounds__(THREADS)
     down_stream_kernel(float* x, int64_t ldx, const dmoe m, const int32_t* idx, const float* wt, const float* sig,
-                       const float* h, int64_t h_ld, int tr, int64_t slot_bytes) {
+                       const float* h, int64_t h_ld, float h_f16_scale, int tr, int64_t slot_bytes) {
     constexpr int CH = chunk_values<F>();
     constexpr bool AFFINE = F != dfmt::bf16;
     __shared__ int64_t s_row0[k_max_topk + 1];
@@ -322,7 +326,12 @@ __global__ void __launch_bounds__(THREADS)
     ring_start<k_ring_down>(n, 0, issue);
     for (int64_t e = 4 * threadIdx.x; e < ns * m.F; e += 4 * blockDim.x) {
         const int64_t j = e / m.F, f = e % m.F;
-        const float4 v = *reinterpret_cast<const float4*>(h + ((int64_t)t * ns + j) * h_ld + f);
+        float4 v = *reinterpret_cast<const float4*>(h + ((int64_t)t * ns + j) * h_ld + f);
+        if (h_f16_scale != 0.0f) {
+            const float s = h_f16_scale, inv_s = 1.0f / h_f16_scale;  // powers of two: exact
+            v = make_float4(round_f16(v.x * s) * inv_s, round_f16(v.y * s) * inv_s, round_f16(v.z * s) * inv_s,
+                            round_f16(v.w * s) * inv_s);
+        }
         *reinterpret_cast<float4*>(s_h + (j * cpr + f / CH) * (CH + 4) + f % CH) = v;
     }  // visible after ring_run's first barrier
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -376,7 +385,7 @@ void moe_topk(const moe_routing& r, int T, int E, int k, cudaStream_t stream) {
 
 template <dfmt F, int CPL, int THREADS>
 void launch_gate_up_stream_as(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
-                           const float* norm_w, float eps, cudaStream_t stream) {
+                           const float* norm_w, float eps, bool f16, cudaStream_t stream) {
     constexpr int CH = chunk_values<F>();
     const int64_t bx = std::max(1, sm_count() / T);
     const size_t x_bytes = (size_t)align16((m.D / CH) * (CH + 4) * 4);
@@ -385,18 +394,18 @@ void launch_gate_up_stream_as(float* h, const dmoe& m, const moe_routing& r, con
     allow_dynamic_smem<gate_up_stream_kernel<F, CPL, THREADS>>(stream_smem_limit());
     const int64_t tiles = (m.k + 1) * ((m.F + pl.rows_per_tile - 1) / pl.rows_per_tile);
     launch_pdl(gate_up_stream_kernel<F, CPL, THREADS>, dim3((unsigned)std::min(bx, tiles), (unsigned)T), dim3(THREADS),
-               pl.smem, stream, h, m, r, x, ldx, norm_w, eps, std::max(m.F, m.Fs), pl.rows_per_tile, pl.slot_bytes);
+               pl.smem, stream, h, m, r, x, ldx, norm_w, eps, f16, std::max(m.F, m.Fs), pl.rows_per_tile, pl.slot_bytes);
     CUDA_CHECK_LAUNCH();
 }
 
 template <dfmt F, int CPL>
 void launch_gate_up_stream(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
-                           const float* norm_w, float eps, cudaStream_t stream) {
-    launch_gate_up_stream_as<F, CPL, k_stream_threads>(h, m, r, x, ldx, T, norm_w, eps, stream);
+                           const float* norm_w, float eps, bool f16, cudaStream_t stream) {
+    launch_gate_up_stream_as<F, CPL, k_stream_threads>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
 }
 
 void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
-                       const float* norm_w, float eps, cudaStream_t stream) {
+                       const float* norm_w, float eps, bool f16, cudaStream_t stream) {
     const dfmt f = m.gate.fmt;
     TANSY_CHECK(m.up.fmt == f && m.s_gate.fmt == f && m.s_up.fmt == f, "moe: mixed weight formats");
     // the kernels walk every slot's rows with the routed experts' row layout
@@ -408,8 +417,8 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
     if (T == 0) return;
     const int64_t n_chunks = m.D / chunk_of(f);
     if (m.F == m.Fs && n_chunks % 32 == 0 && f == dfmt::q4) {  // the decode hot path: x in registers, top-k fused
-        if (n_chunks == 64) return launch_gate_up_stream<dfmt::q4, 2>(h, m, r, x, ldx, T, norm_w, eps, stream);
-        if (n_chunks == 32) return launch_gate_up_stream<dfmt::q4, 1>(h, m, r, x, ldx, T, norm_w, eps, stream);
+        if (n_chunks == 64) return launch_gate_up_stream<dfmt::q4, 2>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
+        if (n_chunks == 32) return launch_gate_up_stream<dfmt::q4, 1>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
     }
     moe_topk(r, T, m.E, m.k, stream);
     const int32_t* idx = r.idx;
@@ -418,23 +427,23 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
     const int64_t rows = std::max(m.F, m.Fs), per_block = (int64_t)k_warps * (32 / L) * R;
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block), (unsigned)(T * (m.k + 1)));
     switch (f) {
-        case dfmt::q4: gate_up_kernel<dfmt::q4, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, L, rows); break;
-        case dfmt::q8: gate_up_kernel<dfmt::q8, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, L, rows); break;
-        case dfmt::bf16: gate_up_kernel<dfmt::bf16, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, L, rows); break;
+        case dfmt::q4: gate_up_kernel<dfmt::q4, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, f16, L, rows); break;
+        case dfmt::q8: gate_up_kernel<dfmt::q8, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, f16, L, rows); break;
+        case dfmt::bf16: gate_up_kernel<dfmt::bf16, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, f16, L, rows); break;
     }
     CUDA_CHECK_LAUNCH();
 }
 
 template <dfmt F>
 void launch_down(dim3 grid, const stream_plan& pl, cudaStream_t stream, float* x, int64_t ldx, const dmoe& m,
-                 const int32_t* idx, const float* wt, const float* sig, const float* h, int64_t h_ld) {
+                 const int32_t* idx, const float* wt, const float* sig, const float* h, int64_t h_ld, float h_f16_scale) {
     allow_dynamic_smem<down_stream_kernel<F, k_stream_threads>>(stream_smem_limit());
     launch_pdl(down_stream_kernel<F, k_stream_threads>, grid, dim3(k_stream_threads), pl.smem, stream, x, ldx, m, idx,
-               wt, sig, h, h_ld, pl.rows_per_tile, pl.slot_bytes);
+               wt, sig, h, h_ld, h_f16_scale, pl.rows_per_tile, pl.slot_bytes);
 }
 
 void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
-              const float* h, int T, cudaStream_t stream) {
+              const float* h, int T, float h_f16_scale, cudaStream_t stream) {
     const dfmt f = m.down.fmt;
     TANSY_CHECK(m.s_down.fmt == f && (f == dfmt::bf16 || m.s_down.group == m.down.group),
                 "moe: mixed weight formats or quantisation groups");
@@ -449,9 +458,9 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
     const stream_plan pl = plan_stream<k_ring_down>(m.D, bx, h_bytes, k_stream_threads, [&](int64_t rows) { return down_slot_bytes(m.down, ns, rows); });
     const dim3 grid((unsigned)std::min(bx, pl.tiles), (unsigned)T);
     switch (f) {
-        case dfmt::q4: launch_down<dfmt::q4>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld); break;
-        case dfmt::q8: launch_down<dfmt::q8>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld); break;
-        case dfmt::bf16: launch_down<dfmt::bf16>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld); break;
+        case dfmt::q4: launch_down<dfmt::q4>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale); break;
+        case dfmt::q8: launch_down<dfmt::q8>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale); break;
+        case dfmt::bf16: launch_down<dfmt::bf16>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale); break;
     }
     CUDA_CHECK_LAUNCH();
 }

@@ -36,13 +36,15 @@ void moe_topk(const moe_routing& r, int T, int E, int k, cudaStream_t stream);
 
 // Routes the T tokens (as moe_topk) and computes h [T, k+1, max(F, Fs)]: slot j < k is expert idx[t][j], slot
 // k the shared expert; h = silu(W_gate m) * (W_up m) with m = rms_norm(x[t], norm_w). On the decode path the
-// top-k runs inside the gate/up kernel (one launch less per layer).
+// top-k runs inside the gate/up kernel (one launch less per layer). f16: m rounded to fp16 first (round_f16),
+// as the fast grouped GEMM's operand is.
 void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
-                       const float* norm_w, float eps, cudaStream_t stream);
+                       const float* norm_w, float eps, bool f16, cudaStream_t stream);
 
-// x[t] += sum_j wt[t][j] * W_down^{idx[t][j]} h[t][j] + sig[t] * W_sdown h[t][k]
+// x[t] += sum_j wt[t][j] * W_down^{idx[t][j]} h[t][j] + sig[t] * W_sdown h[t][k]. h_f16_scale != 0: h is taken
+// as round_f16(h * h_f16_scale) / h_f16_scale, the fast grouped GEMM's scaled fp16 operand.
 void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
-              const float* h, int T, cudaStream_t stream);
+              const float* h, int T, float h_f16_scale, cudaStream_t stream);
 
 // ---- many rows (prompt processing): experts as a grouped tensor-core GEMM (gemm.cuh)
 
