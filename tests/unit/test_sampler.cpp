@@ -6,6 +6,17 @@
 
 using namespace tansy;
 
+namespace {
+
+// How often each of the n ids comes out of n_draws draws from the same logits.
+std::vector<int> draw_counts(sampler& s, const std::vector<float>& logits, int n_draws) {
+    std::vector<int> hits(logits.size(), 0);
+    for (int i = 0; i < n_draws; i++) hits[(size_t)s.sample(logits.data(), (int64_t)logits.size())]++;
+    return hits;
+}
+
+}  // namespace
+
 TEST(sampler, greedy_and_masking) {
     std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f, 9.0f};
     EXPECT_EQ(argmax(l.data(), 5), 4);
@@ -59,9 +70,8 @@ TEST(sampler, top_p_prefix_longer_than_the_first_sort) {
     sampling_params p;
     p.temperature = 1.0f, p.top_p = 0.5f, p.seed = 11;
     sampler s(p);
-    std::vector<int> hits(1000, 0);
     const int N = 20000;
-    for (int i = 0; i < N; i++) hits[(size_t)s.sample(l.data(), 1000)]++;
+    const std::vector<int> hits = draw_counts(s, l, N);
     for (int i = 500; i < 1000; i++) ASSERT_EQ(hits[(size_t)i], 0) << "token " << i << " is outside the top-p prefix";
     int lo = N, hi = 0;
     for (int i = 0; i < 500; i++) lo = std::min(lo, hits[(size_t)i]), hi = std::max(hi, hits[(size_t)i]);
@@ -76,9 +86,8 @@ TEST(sampler, filters_renormalise) {
     sampling_params p;
     p.temperature = 1.0f, p.top_p = 0.75f, p.seed = 5;
     sampler s(p);
-    std::vector<int> hits(5, 0);
     const int N = 30000;
-    for (int i = 0; i < N; i++) hits[(size_t)s.sample(l.data(), 5)]++;
+    std::vector<int> hits = draw_counts(s, l, N);
     EXPECT_EQ(hits[2], 0);
     EXPECT_EQ(hits[4], 0);
     EXPECT_NEAR(hits[1] / (double)N, 4.0 / 9, 0.015);
@@ -86,8 +95,7 @@ TEST(sampler, filters_renormalise) {
     EXPECT_NEAR(hits[0] / (double)N, 2.0 / 9, 0.015);
     p.top_p = 1.0f, p.top_k = 2;  // top-k 2: 4:3
     sampler k2(p);
-    std::fill(hits.begin(), hits.end(), 0);
-    for (int i = 0; i < N; i++) hits[(size_t)k2.sample(l.data(), 5)]++;
+    hits = draw_counts(k2, l, N);
     EXPECT_EQ(hits[0] + hits[2] + hits[4], 0);
     EXPECT_NEAR(hits[1] / (double)N, 4.0 / 7, 0.015);
 }
@@ -101,9 +109,8 @@ TEST(sampler, min_p_and_top_p_together) {
         sampling_params p;
         p.temperature = 1.0f, p.top_k = k, p.min_p = 0.3f, p.top_p = 0.7f, p.seed = 3;
         sampler s(p);
-        std::vector<int> hits(6, 0);
         const int N = 30000;
-        for (int i = 0; i < N; i++) hits[(size_t)s.sample(l.data(), 6)]++;
+        const std::vector<int> hits = draw_counts(s, l, N);
         EXPECT_EQ(hits[3] + hits[4] + hits[5], 0) << "top-k " << k;
         EXPECT_NEAR(hits[0] / (double)N, 0.5, 0.015) << "top-k " << k;
         EXPECT_NEAR(hits[1] / (double)N, 0.25, 0.015) << "top-k " << k;

@@ -185,8 +185,8 @@ int64_t gate_up_slot_bytes(const dmat& G, int64_t rows) {
 // the normalised input in registers (lane l: chunks l, l+32, ...) and each warp takes rows of the tile. The top-k
 // runs in every block of the token (cheaper than a launch); block 0 stores it for down. Requires F == Fs and
 // D = 32*CPL chunks.
-template <dfmt F, int CPL, int THREADS>
-__global__ void __launch_bounds__(THREADS)
+template <dfmt F, int CPL>
+__global__ void __launch_bounds__(k_stream_threads)
     gate_up_stream_kernel(float* h, const dmoe m, const moe_routing route, const float* x, int64_t ldx,
                           const float* norm_w, float eps, bool f16, int64_t h_ld, int tr, int64_t slot_bytes) {
     constexpr int CH = chunk_values<F>();
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(THREADS)
         const int nr = tile(j, q, r0);
         const char* s = slots + (j % k_ring_gate_up) * slot_bytes;
         const int slot = q == 0 ? m.k : q - 1;  // h's slot order: the k experts, then the shared one
-        for (int r = warp; r < nr; r += THREADS / 32) {
+        for (int r = warp; r < nr; r += k_stream_threads / 32) {
             const uint4* wg = reinterpret_cast<const uint4*>(s + (int64_t)r * rw * 4);
             const uint4* wu = reinterpret_cast<const uint4*>(s + code_bytes + (int64_t)r * rw * 4);
             const uint32_t* sg = reinterpret_cast<const uint32_t*>(s + 2 * code_bytes) + (int64_t)r * ng;
@@ -284,8 +284,8 @@ int64_t down_slot_bytes(const dmat& W, int slots, int64_t rows) {
 // grid: (blocks per token, T) (v5). Tiles of output rows stream through the ring, each holding those rows of all
 // k+1 slots' down matrices; one warp per output row, whose (k+1) x (F/CH) (slot, chunk) pairs are spread over the
 // lanes; the token's activations h sit in shared memory. x[t] += sum_j w_j down_j h_j. Requires F == Fs.
-template <dfmt F, int THREADS>
-__global__ void __launch_bounds__(THREADS)
+template <dfmt F>
+__global__ void __launch_bounds__(k_stream_threads)
     down_stream_kernel(float* x, int64_t ldx, const dmoe m, const int32_t* idx, const float* wt, const float* sig,
                        const float* h, int64_t h_ld, float h_f16_scale, int tr, int64_t slot_bytes) {
     constexpr int CH = chunk_values<F>();
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(THREADS)
         int64_t r0;
         const int nr = rows_of(j, r0);
         const char* s = slots + (j % k_ring_down) * slot_bytes;
-        for (int r = warp; r < nr; r += THREADS / 32) {
+        for (int r = warp; r < nr; r += k_stream_threads / 32) {
             float total = 0;
             // U (slot, chunk) pairs per lane at once (all 144 of a 4-bit row in one round): loads, then U chains
             constexpr int U = 5;
@@ -383,25 +383,19 @@ void moe_topk(const moe_routing& r, int T, int E, int k, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-template <dfmt F, int CPL, int THREADS>
-void launch_gate_up_stream_as(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
+template <dfmt F, int CPL>
+void launch_gate_up_stream(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
                            const float* norm_w, float eps, bool f16, cudaStream_t stream) {
     constexpr int CH = chunk_values<F>();
     const int64_t bx = std::max(1, sm_count() / T);
     const size_t x_bytes = (size_t)align16((m.D / CH) * (CH + 4) * 4);
-    const stream_plan pl = plan_stream<k_ring_gate_up>((m.k + 1) * m.F, bx, x_bytes, THREADS,
+    const stream_plan pl = plan_stream<k_ring_gate_up>((m.k + 1) * m.F, bx, x_bytes, k_stream_threads,
                                                [&](int64_t rows) { return gate_up_slot_bytes(m.gate, rows); });
-    allow_dynamic_smem<gate_up_stream_kernel<F, CPL, THREADS>>(stream_smem_limit());
+    allow_dynamic_smem<gate_up_stream_kernel<F, CPL>>(stream_smem_limit());
     const int64_t tiles = (m.k + 1) * ((m.F + pl.rows_per_tile - 1) / pl.rows_per_tile);
-    launch_pdl(gate_up_stream_kernel<F, CPL, THREADS>, dim3((unsigned)std::min(bx, tiles), (unsigned)T), dim3(THREADS),
+    launch_pdl(gate_up_stream_kernel<F, CPL>, dim3((unsigned)std::min(bx, tiles), (unsigned)T), dim3(k_stream_threads),
                pl.smem, stream, h, m, r, x, ldx, norm_w, eps, f16, std::max(m.F, m.Fs), pl.rows_per_tile, pl.slot_bytes);
     CUDA_CHECK_LAUNCH();
-}
-
-template <dfmt F, int CPL>
-void launch_gate_up_stream(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
-                           const float* norm_w, float eps, bool f16, cudaStream_t stream) {
-    launch_gate_up_stream_as<F, CPL, k_stream_threads>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
 }
 
 void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
@@ -437,8 +431,8 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
 template <dfmt F>
 void launch_down(dim3 grid, const stream_plan& pl, cudaStream_t stream, float* x, int64_t ldx, const dmoe& m,
                  const int32_t* idx, const float* wt, const float* sig, const float* h, int64_t h_ld, float h_f16_scale) {
-    allow_dynamic_smem<down_stream_kernel<F, k_stream_threads>>(stream_smem_limit());
-    launch_pdl(down_stream_kernel<F, k_stream_threads>, grid, dim3(k_stream_threads), pl.smem, stream, x, ldx, m, idx,
+    allow_dynamic_smem<down_stream_kernel<F>>(stream_smem_limit());
+    launch_pdl(down_stream_kernel<F>, grid, dim3(k_stream_threads), pl.smem, stream, x, ldx, m, idx,
                wt, sig, h, h_ld, h_f16_scale, pl.rows_per_tile, pl.slot_bytes);
 }
 
