@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build + test + bench on the GPU machine in one go (the device tool runs it in a copy of this tree, with
 # .carry from scripts/prepare-device-carry.sh). Results land in $OUT (or ./device-out).
-#   scripts/device.sh [test|bench|all|gtest|profile|detail|tokenizer] [extra bench args...]
+#   scripts/device.sh [test|bench|all|gtest|profile|detail|source|tokenizer] [extra bench args...]
 #   gtest: FILTER='cuda_gemm*' [MEMCHECK=1] scripts/device.sh gtest
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +43,7 @@ if [ "$what" = profile ]; then
   ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
     -k regex:'^(?!.*synth)' build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
     --contexts ${PROFILE_CONTEXT:-2048} --batches ${PROFILE_BATCHES:-none} --prompts none --steps 1 --runs 1 --warmup 0 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
-  python3 scripts/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt"
+  python3 scripts/ncu_summary.py "$OUT/ncu.csv" ${NCU_SUMMARY_ARGS:-} | tee "$OUT/ncu-summary.txt"
 fi
 if [ "$what" = profile-prefill ]; then
   # per-kernel time of one prefill of ${PROFILE_PROMPT:-2048} tokens (the warm-up and the timed run: halve the totals)
@@ -64,6 +64,16 @@ if [ "$what" = detail ]; then
   done
   cuobjdump -sass build-dev/libtansy_cuda.a 2>/dev/null | awk -v pat="Function : .*${SASS_FN:-gemv_stream_kernelILNS0_4dfmtE0ELi2E}" '$0 ~ pat {f=1;n=0} f{print; n++} n>4000{f=0}' \
     > "$OUT/sass.txt"
+fi
+if [ "$what" = source ]; then
+  # per-SASS-line stall samples and execution counts of one launch of the decode kernel $KERNEL (regex)
+  ncu --clock-control none --graph-profiling node -k regex:"${KERNEL:-gemv_stream_kernel}" --launch-skip ${SKIP:-120} \
+    --launch-count 1 --section SourceCounters --section WarpStateStats --import-source no -f -o /tmp/src \
+    build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
+    --contexts ${PROFILE_CONTEXT:-2048} --batches ${PROFILE_BATCHES:-none} --prompts none --steps 4 --runs 1 --warmup 0 > /dev/null 2>&1
+  ncu -i /tmp/src.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2>&1
+  gzip -c /tmp/src.csv > "$OUT/source-$(echo "${KERNEL:-gemv_stream_kernel}" | tr -c 'a-zA-Z0-9_\n' _).csv.gz"
+  python3 scripts/ncu_source.py /tmp/src.csv ${TOP:-40} || head -c 3000 /tmp/src.csv
 fi
 if [ "$what" = tokenizer ] || [ "$what" = all ]; then
   # encode speed on this machine's CPU, ours vs Hugging Face tokenizers (installed here), same text and ids

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Summarise an `ncu --csv --metrics gpu__time_duration.sum` log: time per kernel name over the last decode
-step (the kernels after the final launch of the first kernel of a step), largest first."""
+step (the kernels after the final launch of the first kernel of a step), largest first. --by-grid: one line per (kernel, grid size), e.g. to tell lm_head from the projections."""
 import csv, re, sys
 from collections import defaultdict
 
 rows = []
-with open(sys.argv[1]) as f:
+with open([a for a in sys.argv[1:] if not a.startswith("--")][0]) as f:
     lines = [l for l in f if l.startswith('"')]
 for r in csv.DictReader(lines):
     if r.get("Metric Name") != "gpu__time_duration.sum":
         continue
     name = re.sub(r"\(.*", "", r["Kernel Name"]).strip()
+    if "--by-grid" in sys.argv:
+        name += f"  grid {r.get('Grid Size', '?')} block {r.get('Block Size', '?')}"
     unit = r.get("Metric Unit", "nsecond")
     v = float(r["Metric Value"].replace(",", ""))
     scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6}.get(unit, 1.0)
@@ -27,4 +29,4 @@ for _, n, us in step:
 total = sum(tot.values())
 print(f"one decode step: {len(step)} kernels, {total:.1f} us of kernel time")
 for n, us in sorted(tot.items(), key=lambda x: -x[1]):
-    print(f"{us:10.1f} us {100 * us / total:5.1f}%  x{cnt[n]:4d}  {n[:110]}")
+    print(f"{us:10.1f} us {100 * us / total:5.1f}%  x{cnt[n]:4d}  {n[:140]}")
