@@ -54,21 +54,24 @@ TEST_P(cuda_gemv, matches_cpu_twin) {
     if (g.accumulate)
         for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
 
-    // device
-    cuda::device_buffer dx(x.size() * 4), dn(nw.size() * 4), dy(y0.size() * 4);
-    dx.upload(x.data(), x.size() * 4);
-    dn.upload(nw.data(), nw.size() * 4);
-    dy.upload(y0.data(), y0.size() * 4);
-    cuda::gemv_params p;
-    p.W = W.d, p.x = (const float*)dx.get(), p.ldx = g.cols, p.T = g.T;
-    p.norm_w = g.norm ? (const float*)dn.get() : nullptr;
-    p.seg[0] = {(float*)dy.get(), g.rows, 0};
-    p.accumulate = g.accumulate, p.f16_inputs = g.f16;
-    cuda::gemv(p, 0);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> got(want.size());
-    dy.download(got.data(), got.size() * 4);
-    EXPECT_LT(test::rel_error(got, want), TOL_GEMV_REL);
+    // device: CUDA-core and (where the shape allows) tensor-core kernels
+    for (unsigned families : {0u, (unsigned)cuda::mma_all}) {
+        test::mma_families_scope scope(families);
+        cuda::device_buffer dx(x.size() * 4), dn(nw.size() * 4), dy(y0.size() * 4);
+        dx.upload(x.data(), x.size() * 4);
+        dn.upload(nw.data(), nw.size() * 4);
+        dy.upload(y0.data(), y0.size() * 4);
+        cuda::gemv_params p;
+        p.W = W.d, p.x = (const float*)dx.get(), p.ldx = g.cols, p.T = g.T;
+        p.norm_w = g.norm ? (const float*)dn.get() : nullptr;
+        p.seg[0] = {(float*)dy.get(), g.rows, 0};
+        p.accumulate = g.accumulate, p.f16_inputs = g.f16;
+        cuda::gemv(p, 0);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<float> got(want.size());
+        dy.download(got.data(), got.size() * 4);
+        EXPECT_LT(test::rel_error(got, want), TOL_GEMV_REL) << "tensor-core families " << families;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -87,7 +90,12 @@ INSTANTIATE_TEST_SUITE_P(
                       gemv_case{2, 1001, 2048, 1, true, true}, gemv_case{2, 77, 512, 1, false, false},
                       // fp16-rounded inputs (no norm: the twin rounds the very same values), both kernels
                       gemv_case{0, 4099, 2048, 1, false, false, true}, gemv_case{0, 257, 512, 3, false, true, true},
-                      gemv_case{2, 1001, 2048, 1, false, true, true}, gemv_case{0, 2051, 4096, 1, false, false, true}));
+                      gemv_case{2, 1001, 2048, 1, false, true, true}, gemv_case{0, 2051, 4096, 1, false, false, true},
+                      // fp16 inputs, 2..8 rows: the tensor-core GEMV's batched form (one dequantisation, 8 columns)
+                      gemv_case{0, 4099, 2048, 8, false, true, true}, gemv_case{0, 2051, 4096, 4, false, false, true},
+                      gemv_case{0, 77, 1024, 2, false, false, true},
+                      // 9..16 rows: groups of 8 (the last one partial)
+                      gemv_case{0, 1001, 2048, 12, true, true, true}, gemv_case{0, 2051, 4096, 16, false, true, true}));
 
 // Several outputs from one concatenated matrix (the fused projections).
 TEST(cuda_gemv_segments, rows_land_in_their_tensors) {

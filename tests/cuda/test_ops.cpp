@@ -22,7 +22,7 @@ void check_project_moe_matmul(pair_of_backends& p, double tol) {
     const model_config& c = p.m.cfg;
     const layer_weights& gl = p.m.w.layers[0];  // DeltaNet layer
     const layer_weights& al = p.m.w.layers[3];  // attention layer
-    for (int T : {1, 5, 15}) {  // the GEMV path (tensor-core GEMMs from 16 rows: test_gemm.cpp)
+    for (int T : {1, 5, 16}) {  // the decode kernels' path (tensor-core GEMMs from 17 rows: test_gemm.cpp)
         twin x(p, T, c.hidden, 100 + T, 2.0f);
         twin qkv(p, T, c.lin_conv_dim()), z(p, T, c.lin_value_dim()), b(p, T, c.lin_v_heads), a(p, T, c.lin_v_heads);
         for (auto* be : {p.cpu.get(), p.gpu.get()}) {
@@ -79,20 +79,28 @@ void check_mixers(pair_of_backends& p) {
 
 }  // namespace
 
+// Projections and MoE with the decode kernels on CUDA cores and on tensor cores (cuda::mma_family), in both
+// modes; the mixers once.
+void check_ops(const model_config& cfg) {
+    auto p = make_pair(cfg, /*precise_gemm=*/true);
+    auto fast = make_pair(cfg);
+    for (unsigned families : {0u, (unsigned)cuda::mma_all}) {
+        mma_families_scope scope(families);
+        SCOPED_TRACE("tensor-core families " + std::to_string(families));
+        check_project_moe_matmul(*p, TOL_FP32_OP);
+        check_project_moe_matmul(*fast, TOL_F16_INPUT_OP);
+    }
+    check_mixers(*p);
+}
+
 TEST(cuda_ops, tiny_shapes) {
     TANSY_REQUIRE_GPU();
-    auto p = make_pair(tiny_config(), /*precise_gemm=*/true);
-    check_project_moe_matmul(*p, TOL_FP32_OP);
-    check_mixers(*p);
-    check_project_moe_matmul(*make_pair(tiny_config()), TOL_F16_INPUT_OP);
+    check_ops(tiny_config());
 }
 
 TEST(cuda_ops, real_shapes) {
     TANSY_REQUIRE_GPU();
-    auto p = make_pair(real_config(), /*precise_gemm=*/true);
-    check_project_moe_matmul(*p, TOL_FP32_OP);
-    check_mixers(*p);
-    check_project_moe_matmul(*make_pair(real_config()), TOL_F16_INPUT_OP);
+    check_ops(real_config());
 }
 
 TEST(cuda_ops, embed_and_argmax) {

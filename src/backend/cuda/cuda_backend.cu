@@ -494,10 +494,11 @@ class cuda_backend final : public backend {
         batch_shape_.capacity = cap;
     }
 
-    // From this many rows on (prompts, decode batches of 16+), matrix products run on the tensor cores (fp16 or
-    // split-bf16 inputs, fp32 accumulation) and read each weight once for all rows; below it, the fp32 GEMV
-    // kernels tuned for decode, which read the weights once per few rows.
-    static constexpr int k_gemm_min_rows = 16;
+    // From this many rows on (prompts, decode batches of 17+), matrix products run on the tensor-core GEMMs
+    // (fp16 or split-bf16 inputs, fp32 accumulation) and read each weight once for all rows; below it, the
+    // decode kernels (dense rows in groups of 8 on tensor cores, experts per token). At 16 rows the decode
+    // kernels measured 1,034 tok/s against the GEMMs' 897 (H200, docs/PERF.md session 5).
+    static constexpr int k_gemm_min_rows = 17;
     // SwiGLU outputs (the down projections' inputs) are where large activations live: scaled by 2^-4 before the
     // fp16 conversion they fit up to ~1e6; values below 2^-10 lose relative precision, which their products
     // barely feel.

@@ -14,9 +14,18 @@
 //     9.1 -> 8.4 us, router 7.3 -> 5.8 us. Still not at the bandwidth: with the bytes all in flight the kernels
 //     are bound by instruction issue (~3.3 instructions per 4-bit weight in the dot loop; "wait", "not
 //     selected" and "math pipe throttle" stalls), so 8 warps per SM were slower (380 vs 416 tok/s).
+// v5: gemv_mma_kernel, the dot products on tensor cores (mma_dot.cuh), 1..8 input rows as the mma's B columns;
+//     more rows in groups of 8. H200: a decode batch of 4 went from 369 to 805 tok/s (the v2 kernel re-read
+//     the weights per 4 rows with little parallelism), 16 from 858 (GEMMs) to 1,071. With one input row it
+//     measured slower than v4 (298 vs 418 tok/s): the k-split, fold and tile copies cost ~45 instructions per
+//     mma (Nsight Compute source counters), so T == 1 stays on v4 (mma_family, gemv.cuh).
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/mma_dot.cuh"
 #include "backend/cuda/stream.cuh"
 
 namespace tansy::cuda {
@@ -66,7 +75,8 @@ __global__ void __launch_bounds__(k_warps * 32) gemv_kernel(const gemv_params p,
 #pragma unroll
     for (int r = 0; r < R; r++) wbase[r] = reinterpret_cast<const uint4*>(p.W.w + min(row0 + r, N - 1) * rw);
 
-    for (int t0 = 0; t0 < p.T; t0 += TB) {
+    // blockIdx.y: this block's group of TB input rows (a small matrix, e.g. the router, still fills the GPU)
+    for (int t0 = blockIdx.y * TB; t0 < p.T; t0 += TB * gridDim.y) {
         float acc[R][TB];
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -217,6 +227,143 @@ void launch_stream(const gemv_params& p, cudaStream_t stream) {
         launch_stream_as<F, CPL, k_stream_threads, 6>(p, stream);
 }
 
+// ---- 4-bit weights on tensor cores (v5): mma_dot.cuh does the dot products for 1..8 input rows; the weight
+// tiles stream through the ring as in v4 (rows padded in shared memory), the K units of a tile's 16-row blocks
+// are split over the warps and folded through shared memory.
+constexpr int k_mma_threads = 512;
+// plan_stream's largest tile (the fold area is sized for it): 64 rows for one input row; 16 (one mma row block)
+// for several, whose fold and x staging grow with the rows
+__host__ __device__ inline int mma_max_tile_rows(int T) { return T > 1 ? 16 : 64; }
+// 6 slots of 16 rows at K = 2048 (18.8 KB each, padded) + x staging and fold (12 KB): a block's share of a 14 MB
+// projection in flight at once; wider rows (K = 4096) take 3 slots of 16 rows (37 KB each)
+// Several input rows (x staged per row) take what the SM has: 3 slots of 16 rows of K = 4096 (100 KB) beside 8
+// rows' x (66 KB).
+constexpr int64_t k_mma_ring_budget = 132 * 1024, k_mma_ring_budget_wide = 144 * 1024;
+int64_t mma_budget_wide(int T) { return T > 1 ? (int64_t)stream_smem_limit() : k_mma_ring_budget_wide; }
+
+int64_t mma_slot_bytes(const dmat& W, int64_t rows) {
+    return align16(rows * mma_row_bytes(W.row_words())) + align16(rows * mma_sb_stride(W.n_groups()) * 4);
+}
+
+constexpr int k_mma_max_tokens = 8;  // the n of one mma: a decode batch's rows share each dequantised weight
+
+// x staging for T input rows: hi [T][K + 32] fp16 permuted | lo [T][K + 32] (precise mode, T = 1) | sums per 32
+// values [T][K/32 + 1] | fold [row blocks][k-chunks][16][T]. The per-token padding puts the lanes' different
+// tokens in different banks (rows of 2K bytes would all start in bank 0).
+__host__ __device__ inline int64_t mma_x_stride(int64_t K) { return K + 32; }
+__host__ __device__ inline int64_t mma_sum_stride(int64_t K) { return K / 32 + 1; }
+__host__ __device__ size_t mma_fixed_smem(int64_t K, int nkc, int T, bool f16) {
+    const int64_t x = align16(2 * T * mma_x_stride(K));
+    return (size_t)(x + (f16 ? 0 : x) + align16(4 * T * mma_sum_stride(K)) +
+                    align16(4 * (mma_max_tile_rows(T) / 16) * nkc * 16 * T));
+}
+
+template <int S>
+__global__ void __launch_bounds__(k_mma_threads) gemv_mma_kernel(const gemv_params p, int tr, int64_t slot_bytes, int nkc) {
+    constexpr int W = k_mma_threads / 32;
+    __shared__ float s_inv[k_mma_max_tokens];
+    extern __shared__ __align__(16) char smem[];
+    const int64_t K = p.W.cols, N = p.W.rows, rw = p.W.row_words(), ng = p.W.n_groups();
+    const int T = p.T;
+    const bool f16 = p.f16_inputs;
+    const int ug = p.W.group / 32, upc = (int)(K / 32) / nkc;  // units (32 columns) per group, per k-chunk
+    const int64_t xs = mma_x_stride(K), ss = mma_sum_stride(K), xbytes = align16(2 * T * xs);
+    uint16_t* s_hi = reinterpret_cast<uint16_t*>(smem);
+    uint16_t* s_lo = s_hi + T * xs;  // precise mode only
+    float* s_sum32 = reinterpret_cast<float*>(smem + xbytes + (f16 ? 0 : xbytes));
+    float* s_red = s_sum32 + align16(4 * T * ss) / 4;
+    char* slots = smem + mma_fixed_smem(K, nkc, T, f16);
+    const int64_t code_bytes = align16((int64_t)tr * mma_row_bytes(rw));
+    const int n = block_tiles((N + tr - 1) / tr);
+    auto rows_of = [&](int j, int64_t& r0) {
+        r0 = (int64_t)(blockIdx.x + (int64_t)j * gridDim.x) * tr;
+        return (int)min((int64_t)tr, N - r0);
+    };
+    auto issue = [&](int j) {
+        int64_t r0;
+        const int nr = rows_of(j, r0);
+        char* s = slots + (j % S) * slot_bytes;
+        copy_rows_mma(s, s + code_bytes, p.W.w + r0 * rw, p.W.sb + r0 * ng, nr, rw, ng);
+    };
+    pdl_trigger();
+    ring_start<S>(n, 0, issue);  // the weights stream while the previous kernel finishes and x is staged
+    pdl_wait();
+    if (p.norm_w) block_inv_rms_rows(s_inv, p.x, p.ldx, T, K, p.eps);
+    for (int t = 0; t < T; t++)
+        stage_x_mma(s_hi + t * xs, s_lo + t * xs, s_sum32 + t * ss, p.x + t * p.ldx, p.norm_w,
+                    p.norm_w ? s_inv[t] : 1.0f, K, f16, 1.0f, /*barrier=*/t == T - 1);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
+    ring_run<S>(n, issue, [&](int j) {
+        int64_t r0;
+        const int nr = rows_of(j, r0);
+        const char* s = slots + (j % S) * slot_bytes;
+        const int nrb = (nr + 15) / 16;
+        for (int it = warp; it < nrb * nkc; it += W) {
+            const int rb = it / nkc, kc = it % nkc;
+            const int ra = min(rb * 16 + g, nr - 1), rb8 = min(rb * 16 + g + 8, nr - 1);
+            float* red = s_red + (rb * nkc + kc) * 16 * T;  // [16 rows][T]
+            if (T == 1) {
+                float y0 = 0, y1 = 0;
+                mma_dot_rows(s, s + code_bytes, rw, ng, ra, rb8, kc * upc, (kc + 1) * upc, ug, s_hi, s_lo, s_sum32, f16,
+                             y0, y1);
+                if (lane % 4 == 0) red[g] = y0, red[g + 8] = y1;
+            } else {
+                float y[2][2] = {};
+                mma_dot_rows_tokens(s, s + code_bytes, rw, ng, ra, rb8, kc * upc, (kc + 1) * upc, ug, s_hi, xs, s_sum32, ss,
+                                    T, y);
+                const int c = lane % 4;
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    if (2 * c + j < T) red[g * T + 2 * c + j] = y[0][j], red[(g + 8) * T + 2 * c + j] = y[1][j];
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < nr * T; i += k_mma_threads) {
+            const int r = i / T, t = i % T;
+            float y = 0;
+            for (int kc = 0; kc < nkc; kc++) y += s_red[(((r / 16) * nkc + kc) * 16 + r % 16) * T + t];
+            store_out(p, r0 + r, t, y);
+        }
+    });
+}
+
+// Ring slots for W: 6 when six 16-row tiles fit the budget, else 3 (with the wide budget) when three do at one
+// row; 0 when not even that fits (very wide rows: the CUDA-core kernels take them).
+int mma_ring_slots(const dmat& W, int nkc, int T, bool f16) {
+    const int64_t fixed = (int64_t)mma_fixed_smem(W.cols, nkc, T, f16);
+    if (fixed + 6 * mma_slot_bytes(W, 16) <= std::min<int64_t>(k_mma_ring_budget, stream_smem_limit())) return 6;
+    // several input rows: only with 16-row tiles (the mma's rows; smaller tiles lose to the CUDA-core kernels)
+    const int64_t rows = T > 1 ? 16 : 1;
+    if (fixed + 3 * mma_slot_bytes(W, rows) <= std::min<int64_t>(mma_budget_wide(T), stream_smem_limit())) return 3;
+    return 0;
+}
+
+// One input row in either mode; up to k_mma_max_tokens rows in fast mode (fp16 inputs: one staged copy each).
+bool mma_gemv_supports(const gemv_params& p) {
+    return (p.T == 1 ? mma_decode_enabled(mma_gemv1) : p.T <= k_mma_max_tokens && p.f16_inputs && mma_decode_enabled(mma_gemvn)) &&
+           mma_dot_supports(p.W) &&
+           mma_ring_slots(p.W, mma_k_chunks(p.W.cols, p.W.group, k_mma_threads / 32), p.T, p.f16_inputs) > 0;
+}
+
+template <int S>
+void launch_mma_ring(const gemv_params& p, int nkc, int64_t budget, cudaStream_t stream) {
+    const stream_plan pl = plan_stream<S>(p.W.rows, sm_count(), mma_fixed_smem(p.W.cols, nkc, p.T, p.f16_inputs), k_mma_threads,
+                                          [&](int64_t r) { return mma_slot_bytes(p.W, r); }, budget, mma_max_tile_rows(p.T));
+    TANSY_CHECK(pl.rows_per_tile <= mma_max_tile_rows(p.T), "gemv mma: %d rows per tile", pl.rows_per_tile);
+    allow_dynamic_smem<gemv_mma_kernel<S>>(stream_smem_limit());
+    const int64_t blocks = std::min<int64_t>(pl.tiles, sm_count());
+    launch_pdl(gemv_mma_kernel<S>, dim3((unsigned)blocks), dim3(k_mma_threads), pl.smem, stream, p, pl.rows_per_tile,
+               pl.slot_bytes, nkc);
+}
+
+void launch_mma(const gemv_params& p, cudaStream_t stream) {
+    const int nkc = mma_k_chunks(p.W.cols, p.W.group, k_mma_threads / 32);
+    if (mma_ring_slots(p.W, nkc, p.T, p.f16_inputs) == 6)
+        launch_mma_ring<6>(p, nkc, k_mma_ring_budget, stream);
+    else
+        launch_mma_ring<3>(p, nkc, mma_budget_wide(p.T), stream);
+}
+
 // Chunks per lane when the row splits evenly over 32 lanes and the input fits in 128 registers; else 0.
 template <dfmt F>
 int xs_chunks_per_lane(int64_t n_chunks) {
@@ -228,12 +375,20 @@ int xs_chunks_per_lane(int64_t n_chunks) {
 template <dfmt F, int R, int TB>
 void launch_rt(const gemv_params& p, int L, cudaStream_t stream) {
     const int64_t per_block = (int64_t)k_warps * (32 / L) * R;
-    gemv_kernel<F, R, TB><<<(unsigned)((p.W.rows + per_block - 1) / per_block), k_warps * 32, 0, stream>>>(p, L);
+    const int64_t blocks = (p.W.rows + per_block - 1) / per_block;
+    // token groups across blocks when the rows alone leave SMs idle (>= 2 blocks per SM otherwise)
+    const int64_t groups = std::min<int64_t>((p.T + TB - 1) / TB, std::max<int64_t>(1, 2 * sm_count() / blocks));
+    gemv_kernel<F, R, TB><<<dim3((unsigned)blocks, (unsigned)groups), k_warps * 32, 0, stream>>>(p, L);
 }
 
 template <dfmt F>
 void launch(const gemv_params& p, cudaStream_t stream) {
     const int64_t n_chunks = p.W.cols / chunk_values<F>();
+    if (mma_gemv_supports(p)) {
+        launch_mma(p, stream);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (p.T == 1) {
         bool done = true;
         switch (xs_chunks_per_lane<F>(n_chunks)) {
@@ -270,6 +425,42 @@ void launch(const gemv_params& p, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+
+// T == 1 stays on the CUDA-core kernels (the tensor-core ones measured slower: docs/PERF.md, session 5); a
+// decode batch's 2..8 rows share one dequantisation on tensor cores.
+constexpr unsigned k_mma_default_families = mma_gemvn;
+
+unsigned parse_mma_families(const char* v) {
+    if (!v) return k_mma_default_families;
+    unsigned m = 0;
+    const std::string s(v);
+    for (size_t i = 0; i <= s.size();) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        const std::string t = s.substr(i, j - i);
+        if (t == "all" || t == "1") m |= mma_all;
+        else if (t == "gemv1") m |= mma_gemv1;
+        else if (t == "gemvn") m |= mma_gemvn;
+        else if (t == "gate_up") m |= mma_gate_up;
+        else if (t == "down") m |= mma_down;
+        else TANSY_CHECK(t == "none" || t == "0" || t.empty(),
+                         "TANSY_DECODE_MMA: unknown kernel family '%s' (gemv1, gemvn, gate_up, down, all, none)", t.c_str());
+        i = j + 1;
+    }
+    return m;
+}
+
+std::atomic<unsigned>& mma_families() {
+    static std::atomic<unsigned> f{parse_mma_families(std::getenv("TANSY_DECODE_MMA"))};
+    return f;
+}
+
+}  // namespace
+
+unsigned decode_mma_families() { return mma_families().load(std::memory_order_relaxed); }
+unsigned set_decode_mma_families(unsigned families) { return mma_families().exchange(families & mma_all); }
+
 int gemv_lanes_per_row(int64_t n_chunks) {
     int L = 1;
     while (L < 32 && 2 * L <= n_chunks) L *= 2;
@@ -284,6 +475,19 @@ void gemv(const gemv_params& p, cudaStream_t stream) {
     TANSY_CHECK(!p.norm_w || p.T <= k_gemv_max_norm_rows, "gemv: norm prologue with T=%d", p.T);
     TANSY_CHECK(p.n_seg >= 1 && p.n_seg <= 4 && p.seg[0].row0 == 0, "gemv: %d segments", p.n_seg);
     if (p.W.rows == 0) return;
+    if (p.T > k_mma_max_tokens) {  // a decode batch of 9..16 rows: groups of 8 on tensor cores where they fit
+        gemv_params q = p;
+        q.T = k_mma_max_tokens;
+        if (mma_gemv_supports(q)) {
+            for (int t0 = 0; t0 < p.T; t0 += k_mma_max_tokens) {
+                q.T = std::min(k_mma_max_tokens, p.T - t0);
+                q.x = p.x + t0 * p.ldx;
+                for (int i = 0; i < p.n_seg; i++) q.seg[i].out = p.seg[i].out + t0 * p.seg[i].ld;
+                gemv(q, stream);
+            }
+            return;
+        }
+    }
     switch (p.W.fmt) {
         case dfmt::q4: launch<dfmt::q4>(p, stream); break;
         case dfmt::q8: launch<dfmt::q8>(p, stream); break;

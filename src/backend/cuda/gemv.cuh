@@ -56,6 +56,14 @@ constexpr int k_gemv_max_norm_rows = 16;
 // CPU twin: cpu::matmul (+ cpu::rms_norm for the norm prologue).
 void gemv(const gemv_params& p, cudaStream_t stream);
 
+// Which decode kernel families run on tensor cores (mma_dot.cuh) when the shapes allow: bits of mma_family.
+// Default k_mma_default_families, or the environment's TANSY_DECODE_MMA (a comma list of gemv1, gemvn, gate_up,
+// down, or all / none: for A/B measurements and as a way around a suspected kernel problem). Tests set it to run
+// both forms. Set it before capturing a CUDA graph: captured launches keep their kernels.
+enum mma_family : unsigned { mma_gemv1 = 1, mma_gemvn = 2, mma_gate_up = 4, mma_down = 8, mma_all = 15 };
+unsigned decode_mma_families();
+unsigned set_decode_mma_families(unsigned families);  // returns the previous set
+
 // Lanes that cooperate on one row: the largest power of two <= min(32, chunks per row).
 int gemv_lanes_per_row(int64_t n_chunks);
 

@@ -90,14 +90,14 @@ inline int sm_count() {
 // placed as this kernel's blocks exit: its weight prefetch before pdl_wait overlaps this kernel's tail, not
 // all of it. (8 warps per SM would leave room for both, but lose more to instruction latency: 380 vs 416
 // tok/s.) Tiles hold a multiple of the warp count of rows when they can, and are small enough that `blocks`
-// blocks all get one. slot_bytes_of(rows) gives a slot's size for that many rows (16-byte aligned).
+// blocks all get one; at most max_rows. slot_bytes_of(rows) gives a slot's size for that many rows (16-byte aligned).
 template <int S, class SlotBytes>
-stream_plan plan_stream(int64_t rows, int64_t blocks, size_t fixed_smem, int threads, SlotBytes&& slot_bytes_of) {
-    constexpr int64_t k_ring_budget = 120 * 1024;
-    const int64_t budget = (std::min<int64_t>(k_ring_budget, (int64_t)stream_smem_limit()) - (int64_t)fixed_smem) / S;
+stream_plan plan_stream(int64_t rows, int64_t blocks, size_t fixed_smem, int threads, SlotBytes&& slot_bytes_of,
+                        int64_t ring_budget = 120 * 1024, int64_t max_rows = 64) {
+    const int64_t budget = (std::min<int64_t>(ring_budget, (int64_t)stream_smem_limit()) - (int64_t)fixed_smem) / S;
     const int warps = threads / 32;
     int64_t tr = 1;
-    while (tr < 64 && slot_bytes_of(2 * tr) <= budget) tr *= 2;
+    while (2 * tr <= max_rows && slot_bytes_of(2 * tr) <= budget) tr *= 2;
     const int64_t fair = std::max<int64_t>(1, (rows + blocks - 1) / blocks);  // rows per block when spread evenly
     if (tr > fair) tr = fair >= warps ? fair / warps * warps : fair;
     TANSY_CHECK(slot_bytes_of(tr) <= budget, "streamed kernel: a %lld-byte row does not fit the ring",

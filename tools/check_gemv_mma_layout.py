@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+"""Checks, on the CPU, the fragment layout of mma_dot.cuh (the 4-bit tensor-core dot of the decode kernels): lane (g, c) of a warp
+loads word c of each 32-column unit in rows g and g+8, turns nibble pairs (n, n+4) into the A fragments of two
+m16n8k16 k-steps, and reads x stored permuted per 8 values (x0 x4 x1 x5 x2 x6 x3 x7) as B. Emulates the mma with
+the PTX fragment layout (a0 = A[g][2c..2c+1], a1 = A[g+8][..], a2 = A[g][2c+8..], a3 = A[g+8][2c+8..];
+b0 = B[2c..2c+1][g], b1 = B[2c+8..2c+9][g]) and checks that every column of C is the rows' dot product with x."""
+import numpy as np
+
+rng = np.random.default_rng(1)
+K, R = 256, 16
+q = rng.integers(0, 16, size=(R, K))
+x = rng.standard_normal(K)
+# word j of a row holds values 8j..8j+7 at nibbles 0..7, least significant first (MLX packing)
+words = [[sum(int(q[r, 8 * j + i]) << (4 * i) for i in range(8)) for j in range(K // 8)] for r in range(R)]
+
+
+def f16_bits(b):
+    return np.array([b], dtype=np.uint16).view(np.float16)[0]
+
+
+def pairs(w):  # what q4_pairs(w) yields, in fp16 arithmetic: (q0, q4), (q1, q5), (q2, q6), (q3, q7)
+    out = []
+    for src in (w, w >> 8):
+        lo = [f16_bits(((src >> (16 * h)) & 0xF) | 0x6400) - np.float16(1024) for h in (0, 1)]
+        hi = [f16_bits(((src >> (16 * h)) & 0xF0) | 0x6400) * np.float16(1 / 16) + np.float16(-64) for h in (0, 1)]
+        out += [tuple(float(v) for v in lo), tuple(float(v) for v in hi)]
+    return out
+
+
+def pair(w, i):  # pair i of word w, checked against the nibbles
+    p = pairs(w)[i]
+    assert p == ((w >> (4 * i)) & 15, (w >> (16 + 4 * i)) & 15), (hex(w), i, p)
+    return p
+
+
+# stage_x_mma: thread t takes x[4t..4t+3]; the even lane of each pair stores 4 words (its x_i low, the odd
+# partner's x_{4+i} high) at s_hi[k..k+8)
+s_hi = np.zeros(K)
+for t in range(0, K // 4, 2):
+    k = 4 * t
+    own, partner = x[k:k + 4], x[k + 4:k + 8]
+    for i in range(4):
+        s_hi[k + 2 * i], s_hi[k + 2 * i + 1] = own[i], partner[i]
+
+
+C = np.zeros((16, 8))
+for u in range(K // 32):
+    for step, (sh_a02, sh_a13) in enumerate([(0, 1), (2, 3)]):
+        A, B = np.zeros((16, 16)), np.zeros((16, 8))
+        for lane in range(32):
+            g, c = lane // 4, lane % 4
+            w0, w1 = words[g][u * 4 + c], words[g + 8][u * 4 + c]
+            A[g, 2 * c:2 * c + 2] = pair(w0, sh_a02)
+            A[g + 8, 2 * c:2 * c + 2] = pair(w1, sh_a02)
+            A[g, 2 * c + 8:2 * c + 10] = pair(w0, sh_a13)
+            A[g + 8, 2 * c + 8:2 * c + 10] = pair(w1, sh_a13)
+            v = s_hi[8 * (u * 4 + c):8 * (u * 4 + c) + 8]  # the lane's uint4: words .x .y .z .w
+            w_b0, w_b1 = (0, 1) if step == 0 else (2, 3)
+            B[2 * c:2 * c + 2, g] = v[2 * w_b0:2 * w_b0 + 2]
+            B[2 * c + 8:2 * c + 10, g] = v[2 * w_b1:2 * w_b1 + 2]
+        C += A @ B
+err = np.max(np.abs(C - (q @ x)[:, None]))
+print(f"max |C - q x| over all columns: {err:.2e}")
+assert err < 1e-9
+
+# mma_dot_rows_tokens: B column n is token n's staged x (lanes g >= T load token 0); lane (g, c) keeps C columns
+# 2c and 2c+1, i.e. tokens 2c and 2c+1
+T = 5
+X = rng.standard_normal((T, K))
+S_hi = np.zeros((T, K))
+for tok in range(T):
+    for t in range(0, K // 4, 2):
+        k = 4 * t
+        for i in range(4):
+            S_hi[tok, k + 2 * i], S_hi[tok, k + 2 * i + 1] = X[tok, k + i], X[tok, k + 4 + i]
+C = np.zeros((16, 8))
+for u in range(K // 32):
+    for step, (sh_a02, sh_a13) in enumerate([(0, 1), (2, 3)]):
+        A, B = np.zeros((16, 16)), np.zeros((16, 8))
+        for lane in range(32):
+            g, c = lane // 4, lane % 4
+            w0, w1 = words[g][u * 4 + c], words[g + 8][u * 4 + c]
+            A[g, 2 * c:2 * c + 2] = pair(w0, sh_a02)
+            A[g + 8, 2 * c:2 * c + 2] = pair(w1, sh_a02)
+            A[g, 2 * c + 8:2 * c + 10] = pair(w0, sh_a13)
+            A[g + 8, 2 * c + 8:2 * c + 10] = pair(w1, sh_a13)
+            tb = g if g < T else 0
+            v = S_hi[tb, 8 * (u * 4 + c):8 * (u * 4 + c) + 8]
+            w_b0, w_b1 = (0, 1) if step == 0 else (2, 3)
+            B[2 * c:2 * c + 2, g] = v[2 * w_b0:2 * w_b0 + 2]
+            B[2 * c + 8:2 * c + 10, g] = v[2 * w_b1:2 * w_b1 + 2]
+        C += A @ B
+err = np.max(np.abs(C[:, :T] - q @ X.T))
+print(f"{T} tokens: max |C[:, :T] - q X^T|: {err:.2e}")
+assert err < 1e-9
