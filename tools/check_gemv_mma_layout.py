@@ -63,33 +63,45 @@ err = np.max(np.abs(C - (q @ x)[:, None]))
 print(f"max |C - q x| over all columns: {err:.2e}")
 assert err < 1e-9
 
-# mma_dot_rows_tokens: B column n is token n's staged x (lanes g >= T load token 0); lane (g, c) keeps C columns
-# 2c and 2c+1, i.e. tokens 2c and 2c+1
-T = 5
-X = rng.standard_normal((T, K))
-S_hi = np.zeros((T, K))
-for tok in range(T):
-    for t in range(0, K // 4, 2):
-        k = 4 * t
-        for i in range(4):
-            S_hi[tok, k + 2 * i], S_hi[tok, k + 2 * i + 1] = X[tok, k + i], X[tok, k + 4 + i]
-C = np.zeros((16, 8))
-for u in range(K // 32):
-    for step, (sh_a02, sh_a13) in enumerate([(0, 1), (2, 3)]):
-        A, B = np.zeros((16, 16)), np.zeros((16, 8))
-        for lane in range(32):
-            g, c = lane // 4, lane % 4
-            w0, w1 = words[g][u * 4 + c], words[g + 8][u * 4 + c]
-            A[g, 2 * c:2 * c + 2] = pair(w0, sh_a02)
-            A[g + 8, 2 * c:2 * c + 2] = pair(w1, sh_a02)
-            A[g, 2 * c + 8:2 * c + 10] = pair(w0, sh_a13)
-            A[g + 8, 2 * c + 8:2 * c + 10] = pair(w1, sh_a13)
-            tb = g if g < T else 0
-            v = S_hi[tb, 8 * (u * 4 + c):8 * (u * 4 + c) + 8]
-            w_b0, w_b1 = (0, 1) if step == 0 else (2, 3)
-            B[2 * c:2 * c + 2, g] = v[2 * w_b0:2 * w_b0 + 2]
-            B[2 * c + 8:2 * c + 10, g] = v[2 * w_b1:2 * w_b1 + 2]
-        C += A @ B
-err = np.max(np.abs(C[:, :T] - q @ X.T))
-print(f"{T} tokens: max |C[:, :T] - q X^T|: {err:.2e}")
-assert err < 1e-9
+# mma_dot_rows_tokens<NG>: group j's B column n is token 8j + n's staged x (lanes whose token is >= T load token
+# 0); lane (g, c) keeps C columns 2c and 2c+1 of each group, i.e. tokens 8j + 2c and 8j + 2c + 1
+for T in (5, 13):
+    NG = (T + 7) // 8
+    X = rng.standard_normal((T, K))
+    S_hi = np.zeros((T, K))
+    for tok in range(T):
+        for t in range(0, K // 4, 2):
+            k = 4 * t
+            for i in range(4):
+                S_hi[tok, k + 2 * i], S_hi[tok, k + 2 * i + 1] = X[tok, k + i], X[tok, k + 4 + i]
+    C = np.zeros((NG, 16, 8))
+    for u in range(K // 32):
+        for step, (sh_a02, sh_a13) in enumerate([(0, 1), (2, 3)]):
+            A, B = np.zeros((16, 16)), np.zeros((NG, 16, 8))
+            for lane in range(32):
+                g, c = lane // 4, lane % 4
+                w0, w1 = words[g][u * 4 + c], words[g + 8][u * 4 + c]
+                A[g, 2 * c:2 * c + 2] = pair(w0, sh_a02)
+                A[g + 8, 2 * c:2 * c + 2] = pair(w1, sh_a02)
+                A[g, 2 * c + 8:2 * c + 10] = pair(w0, sh_a13)
+                A[g + 8, 2 * c + 8:2 * c + 10] = pair(w1, sh_a13)
+                for j in range(NG):
+                    tb = 8 * j + g if 8 * j + g < T else 0
+                    v = S_hi[tb, 8 * (u * 4 + c):8 * (u * 4 + c) + 8]
+                    w_b0, w_b1 = (0, 1) if step == 0 else (2, 3)
+                    B[j, 2 * c:2 * c + 2, g] = v[2 * w_b0:2 * w_b0 + 2]
+                    B[j, 2 * c + 8:2 * c + 10, g] = v[2 * w_b1:2 * w_b1 + 2]
+            for j in range(NG):
+                C[j] += A @ B[j]
+    # the lanes' stores: token 8j + 2c + e of row g (+8) from group j's column 2c + e
+    Y = np.zeros((16, T))
+    for lane in range(32):
+        g, c = lane // 4, lane % 4
+        for j in range(NG):
+            for e in range(2):
+                t = 8 * j + 2 * c + e
+                if t < T:
+                    Y[g, t], Y[g + 8, t] = C[j, g, 2 * c + e], C[j, g + 8, 2 * c + e]
+    err = np.max(np.abs(Y - q @ X.T))
+    print(f"{T} tokens ({NG} groups of 8): max |Y - q X^T|: {err:.2e}")
+    assert err < 1e-9

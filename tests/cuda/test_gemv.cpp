@@ -94,8 +94,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // fp16 inputs, 2..8 rows: the tensor-core GEMV's batched form (one dequantisation, 8 columns)
                       gemv_case{0, 4099, 2048, 8, false, true, true}, gemv_case{0, 2051, 4096, 4, false, false, true},
                       gemv_case{0, 77, 1024, 2, false, false, true},
-                      // 9..16 rows: groups of 8 (the last one partial)
-                      gemv_case{0, 1001, 2048, 12, true, true, true}, gemv_case{0, 2051, 4096, 16, false, true, true}));
+                      // 9..16 rows: two n8 column groups per mma A fragment where 16 rows' x fits (K = 2048), else
+                      // launches of 8 rows (K = 4096)
+                      gemv_case{0, 1001, 2048, 12, true, true, true}, gemv_case{0, 4099, 2048, 16, true, false, true},
+                      gemv_case{0, 2051, 4096, 16, false, true, true}, gemv_case{0, 2051, 4096, 9, true, false, true}));
 
 // Several outputs from one concatenated matrix (the fused projections).
 TEST(cuda_gemv_segments, rows_land_in_their_tensors) {

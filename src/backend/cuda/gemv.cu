@@ -245,7 +245,9 @@ int64_t mma_slot_bytes(const dmat& W, int64_t rows) {
     return align16(rows * mma_row_bytes(W.row_words())) + align16(rows * mma_sb_stride(W.n_groups()) * 4);
 }
 
-constexpr int k_mma_max_tokens = 8;  // the n of one mma: a decode batch's rows share each dequantised weight
+// A decode batch's rows share each dequantised weight: up to 8 as the n of one mma, up to 16 as two (when 16
+// rows' staged x fits beside the ring: K = 2048, not 4096)
+constexpr int k_mma_max_tokens = 16, k_mma_group_tokens = 8;
 
 // x staging for T input rows: hi [T][K + 32] fp16 permuted | lo [T][K + 32] (precise mode, T = 1) | sums per 32
 // values [T][K/32 + 1] | fold [row blocks][k-chunks][16][T]. The per-token padding puts the lanes' different
@@ -256,6 +258,23 @@ __host__ __device__ size_t mma_fixed_smem(int64_t K, int nkc, int T, bool f16) {
     const int64_t x = align16(2 * T * mma_x_stride(K));
     return (size_t)(x + (f16 ? 0 : x) + align16(4 * T * mma_sum_stride(K)) +
                     align16(4 * (mma_max_tile_rows(T) / 16) * nkc * 16 * T));
+}
+
+// T >= 2 input rows of a 16-row block over units [u0, u1): the partial sums into red [16 rows][T].
+template <int NG>
+__device__ __forceinline__ void tokens_dot(const char* s, int64_t code_bytes, int64_t rw, int64_t ng, int ra, int rb8,
+                                           int u0, int u1, int ug, const uint16_t* s_hi, int64_t xs, const float* s_sum32,
+                                           int64_t ss, int T, float* red) {
+    float y[2][2 * NG] = {};
+    mma_dot_rows_tokens<NG>(s, s + code_bytes, rw, ng, ra, rb8, u0, u1, ug, s_hi, xs, s_sum32, ss, T, y);
+    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+    for (int n = 0; n < NG; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int t = 8 * n + 2 * c + e;
+            if (t < T) red[g * T + t] = y[0][2 * n + e], red[(g + 8) * T + t] = y[1][2 * n + e];
+        }
 }
 
 template <int S>
@@ -307,14 +326,10 @@ __global__ void __launch_bounds__(k_mma_threads) gemv_mma_kernel(const gemv_para
                 mma_dot_rows(s, s + code_bytes, rw, ng, ra, rb8, kc * upc, (kc + 1) * upc, ug, s_hi, s_lo, s_sum32, f16,
                              y0, y1);
                 if (lane % 4 == 0) red[g] = y0, red[g + 8] = y1;
+            } else if (T <= 8) {
+                tokens_dot<1>(s, code_bytes, rw, ng, ra, rb8, kc * upc, (kc + 1) * upc, ug, s_hi, xs, s_sum32, ss, T, red);
             } else {
-                float y[2][2] = {};
-                mma_dot_rows_tokens(s, s + code_bytes, rw, ng, ra, rb8, kc * upc, (kc + 1) * upc, ug, s_hi, xs, s_sum32, ss,
-                                    T, y);
-                const int c = lane % 4;
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    if (2 * c + j < T) red[g * T + 2 * c + j] = y[0][j], red[(g + 8) * T + 2 * c + j] = y[1][j];
+                tokens_dot<2>(s, code_bytes, rw, ng, ra, rb8, kc * upc, (kc + 1) * upc, ug, s_hi, xs, s_sum32, ss, T, red);
             }
         }
         __syncthreads();
@@ -475,12 +490,12 @@ void gemv(const gemv_params& p, cudaStream_t stream) {
     TANSY_CHECK(!p.norm_w || p.T <= k_gemv_max_norm_rows, "gemv: norm prologue with T=%d", p.T);
     TANSY_CHECK(p.n_seg >= 1 && p.n_seg <= 4 && p.seg[0].row0 == 0, "gemv: %d segments", p.n_seg);
     if (p.W.rows == 0) return;
-    if (p.T > k_mma_max_tokens) {  // a decode batch of 9..16 rows: groups of 8 on tensor cores where they fit
+    if (p.T > k_mma_group_tokens && !mma_gemv_supports(p)) {  // rows in groups of 8 on tensor cores where they fit
         gemv_params q = p;
-        q.T = k_mma_max_tokens;
+        q.T = k_mma_group_tokens;
         if (mma_gemv_supports(q)) {
-            for (int t0 = 0; t0 < p.T; t0 += k_mma_max_tokens) {
-                q.T = std::min(k_mma_max_tokens, p.T - t0);
+            for (int t0 = 0; t0 < p.T; t0 += k_mma_group_tokens) {
+                q.T = std::min(k_mma_group_tokens, p.T - t0);
                 q.x = p.x + t0 * p.ldx;
                 for (int i = 0; i < p.n_seg; i++) q.seg[i].out = p.seg[i].out + t0 * p.seg[i].ld;
                 gemv(q, stream);

@@ -170,35 +170,50 @@ inline bool mma_dot_supports(const dmat& W) {
            (uintptr_t)W.w % 16 == 0;
 }
 
-// As mma_dot_rows for T (2..8) input rows of fp16 x (fast mode, no low half), token t's x at s_hi + t * xs and its
-// sums at s_sum32 + t * ss (strides padded so that the lanes' different tokens fall in different banks): B column
-// n is token n (lanes g >= T load token 0; those columns are dropped). y[i][j] += the dot product of row
-// (ra, rb)[i] with token 2 * (lane % 4) + j, for the tokens < T.
+// As mma_dot_rows for T (2..8 NG) input rows of fp16 x (fast mode, no low half), token t's x at s_hi + t * xs and
+// its sums at s_sum32 + t * ss (strides padded so that the lanes' different tokens fall in different banks). NG
+// groups of 8 tokens share each dequantised A fragment: B column n of group i is token 8 i + n (lanes whose
+// token is >= T load token 0; those columns are dropped). y[i][2 j + e] += the dot product of row (ra, rb)[i]
+// with token 8 j + 2 (lane % 4) + e, for the tokens < T.
+template <int NG>
 __device__ __forceinline__ void mma_dot_rows_tokens(const char* codes, const char* sbs, int64_t rw, int64_t ng, int ra,
                                                     int rb, int u0, int u1, int ug, const uint16_t* s_hi, int64_t xs,
-                                                    const float* s_sum32, int64_t ss, int T, float (&y)[2][2]) {
-    const int lane = threadIdx.x % 32, c = lane % 4, tb = lane / 4 < T ? lane / 4 : 0;
-    const int t0 = min(2 * c, T - 1), t1 = min(2 * c + 1, T - 1);  // this lane's C columns (clamped: dropped later)
+                                                    const float* s_sum32, int64_t ss, int T, float (&y)[2][2 * NG]) {
+    const int lane = threadIdx.x % 32, c = lane % 4, g = lane / 4;
+    const uint16_t* xb[NG];
+    const float* sxp[NG][2];  // this lane's C columns' sums (clamped: dropped later)
+#pragma unroll
+    for (int n = 0; n < NG; n++) {
+        xb[n] = s_hi + (8 * n + g < T ? 8 * n + g : 0) * xs;
+        sxp[n][0] = s_sum32 + min(8 * n + 2 * c, T - 1) * ss, sxp[n][1] = s_sum32 + min(8 * n + 2 * c + 1, T - 1) * ss;
+    }
     const uint32_t* A0 = reinterpret_cast<const uint32_t*>(codes + ra * mma_row_bytes(rw));
     const uint32_t* A1 = reinterpret_cast<const uint32_t*>(codes + rb * mma_row_bytes(rw));
     const uint32_t* sb0 = reinterpret_cast<const uint32_t*>(sbs) + ra * mma_sb_stride(ng);
     const uint32_t* sb1 = reinterpret_cast<const uint32_t*>(sbs) + rb * mma_sb_stride(ng);
-    const uint16_t* xb = s_hi + tb * xs;
     for (int ub = u0; ub < u1; ub += ug) {  // one group
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx0 = 0.0f, sx1 = 0.0f;
+        float acc[NG][4], sx[NG][2];
+#pragma unroll
+        for (int n = 0; n < NG; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = sx[n][0] = sx[n][1] = 0.0f;
         for (int u = ub; u < ub + ug; u++) {
             const uint32_t w0 = A0[u * 4 + c], w1 = A1[u * 4 + c];
             uint32_t a02[4], a13[4];
             q4_fragments(w0, w1, a02, a13);
-            const uint4 xh = *reinterpret_cast<const uint4*>(xb + (int64_t)(u * 4 + c) * 8);
-            mma_f16(acc, a02, xh.x, xh.y);
-            mma_f16(acc, a13, xh.z, xh.w);
-            sx0 += s_sum32[t0 * ss + u], sx1 += s_sum32[t1 * ss + u];
+#pragma unroll
+            for (int n = 0; n < NG; n++) {
+                const uint4 xh = *reinterpret_cast<const uint4*>(xb[n] + (int64_t)(u * 4 + c) * 8);
+                mma_f16(acc[n], a02, xh.x, xh.y);
+                mma_f16(acc[n], a13, xh.z, xh.w);
+                sx[n][0] += sxp[n][0][u], sx[n][1] += sxp[n][1][u];
+            }
         }
         const int gi = ub / ug;
         const float s0 = sb_scale(sb0[gi]), b0 = sb_bias(sb0[gi]), s1 = sb_scale(sb1[gi]), b1 = sb_bias(sb1[gi]);
-        y[0][0] += s0 * acc[0] + b0 * sx0, y[0][1] += s0 * acc[1] + b0 * sx1;
-        y[1][0] += s1 * acc[2] + b1 * sx0, y[1][1] += s1 * acc[3] + b1 * sx1;
+#pragma unroll
+        for (int n = 0; n < NG; n++) {
+            y[0][2 * n] += s0 * acc[n][0] + b0 * sx[n][0], y[0][2 * n + 1] += s0 * acc[n][1] + b0 * sx[n][1];
+            y[1][2 * n] += s1 * acc[n][2] + b1 * sx[n][0], y[1][2 * n + 1] += s1 * acc[n][3] + b1 * sx[n][1];
+        }
     }
 }
 
