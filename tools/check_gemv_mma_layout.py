@@ -43,22 +43,34 @@ for t in range(0, K // 4, 2):
         s_hi[k + 2 * i], s_hi[k + 2 * i + 1] = own[i], partner[i]
 
 
+def a_fragment(u, step):
+    """The 16 x 16 A operand of unit u's k-step (0: nibble pairs 0,4 | 1,5; 1: 2,6 | 3,7), as the lanes fill it
+    (q4_fragments: lane (g, c) takes word c of the unit in rows g and g+8)."""
+    lo, hi = (0, 1) if step == 0 else (2, 3)
+    A = np.zeros((16, 16))
+    for lane in range(32):
+        g, c = lane // 4, lane % 4
+        w0, w1 = words[g][u * 4 + c], words[g + 8][u * 4 + c]
+        A[g, 2 * c:2 * c + 2], A[g + 8, 2 * c:2 * c + 2] = pair(w0, lo), pair(w1, lo)
+        A[g, 2 * c + 8:2 * c + 10], A[g + 8, 2 * c + 8:2 * c + 10] = pair(w0, hi), pair(w1, hi)
+    return A
+
+
+def b_column(B, g, c, v, step):
+    """Lane (g, c)'s share of B column g from its staged uint4 v (words .x .y for k-step 0, .z .w for 1)."""
+    w_b0, w_b1 = (0, 1) if step == 0 else (2, 3)
+    B[2 * c:2 * c + 2, g] = v[2 * w_b0:2 * w_b0 + 2]
+    B[2 * c + 8:2 * c + 10, g] = v[2 * w_b1:2 * w_b1 + 2]
+
+
 C = np.zeros((16, 8))
 for u in range(K // 32):
-    for step, (sh_a02, sh_a13) in enumerate([(0, 1), (2, 3)]):
-        A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for step in (0, 1):
+        B = np.zeros((16, 8))
         for lane in range(32):
             g, c = lane // 4, lane % 4
-            w0, w1 = words[g][u * 4 + c], words[g + 8][u * 4 + c]
-            A[g, 2 * c:2 * c + 2] = pair(w0, sh_a02)
-            A[g + 8, 2 * c:2 * c + 2] = pair(w1, sh_a02)
-            A[g, 2 * c + 8:2 * c + 10] = pair(w0, sh_a13)
-            A[g + 8, 2 * c + 8:2 * c + 10] = pair(w1, sh_a13)
-            v = s_hi[8 * (u * 4 + c):8 * (u * 4 + c) + 8]  # the lane's uint4: words .x .y .z .w
-            w_b0, w_b1 = (0, 1) if step == 0 else (2, 3)
-            B[2 * c:2 * c + 2, g] = v[2 * w_b0:2 * w_b0 + 2]
-            B[2 * c + 8:2 * c + 10, g] = v[2 * w_b1:2 * w_b1 + 2]
-        C += A @ B
+            b_column(B, g, c, s_hi[8 * (u * 4 + c):8 * (u * 4 + c) + 8], step)  # the lane's uint4
+        C += a_fragment(u, step) @ B
 err = np.max(np.abs(C - (q @ x)[:, None]))
 print(f"max |C - q x| over all columns: {err:.2e}")
 assert err < 1e-9
@@ -76,21 +88,13 @@ for T in (5, 13):
                 S_hi[tok, k + 2 * i], S_hi[tok, k + 2 * i + 1] = X[tok, k + i], X[tok, k + 4 + i]
     C = np.zeros((NG, 16, 8))
     for u in range(K // 32):
-        for step, (sh_a02, sh_a13) in enumerate([(0, 1), (2, 3)]):
-            A, B = np.zeros((16, 16)), np.zeros((NG, 16, 8))
+        for step in (0, 1):
+            A, B = a_fragment(u, step), np.zeros((NG, 16, 8))
             for lane in range(32):
                 g, c = lane // 4, lane % 4
-                w0, w1 = words[g][u * 4 + c], words[g + 8][u * 4 + c]
-                A[g, 2 * c:2 * c + 2] = pair(w0, sh_a02)
-                A[g + 8, 2 * c:2 * c + 2] = pair(w1, sh_a02)
-                A[g, 2 * c + 8:2 * c + 10] = pair(w0, sh_a13)
-                A[g + 8, 2 * c + 8:2 * c + 10] = pair(w1, sh_a13)
                 for j in range(NG):
                     tb = 8 * j + g if 8 * j + g < T else 0
-                    v = S_hi[tb, 8 * (u * 4 + c):8 * (u * 4 + c) + 8]
-                    w_b0, w_b1 = (0, 1) if step == 0 else (2, 3)
-                    B[j, 2 * c:2 * c + 2, g] = v[2 * w_b0:2 * w_b0 + 2]
-                    B[j, 2 * c + 8:2 * c + 10, g] = v[2 * w_b1:2 * w_b1 + 2]
+                    b_column(B[j], g, c, S_hi[tb, 8 * (u * 4 + c):8 * (u * 4 + c) + 8], step)
             for j in range(NG):
                 C[j] += A @ B[j]
     # the lanes' stores: token 8j + 2c + e of row g (+8) from group j's column 2c + e

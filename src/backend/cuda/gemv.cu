@@ -152,10 +152,7 @@ __global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params 
     char* slots = smem + align16((K / CH) * (CH + 4) * 4);
     const int64_t code_bytes = align16((int64_t)tr * rw * 4);
     const int n = block_tiles((N + tr - 1) / tr);
-    auto rows_of = [&](int j, int64_t& r0) {
-        r0 = (int64_t)(blockIdx.x + (int64_t)j * gridDim.x) * tr;
-        return (int)min((int64_t)tr, N - r0);
-    };
+    auto rows_of = [&](int j, int64_t& r0) { return block_tile_rows(j, tr, N, r0); };
     auto issue = [&](int j) {
         int64_t r0;
         const int nr = rows_of(j, r0);
@@ -294,10 +291,7 @@ __global__ void __launch_bounds__(k_mma_threads) gemv_mma_kernel(const gemv_para
     char* slots = smem + mma_fixed_smem(K, nkc, T, f16);
     const int64_t code_bytes = align16((int64_t)tr * mma_row_bytes(rw));
     const int n = block_tiles((N + tr - 1) / tr);
-    auto rows_of = [&](int j, int64_t& r0) {
-        r0 = (int64_t)(blockIdx.x + (int64_t)j * gridDim.x) * tr;
-        return (int)min((int64_t)tr, N - r0);
-    };
+    auto rows_of = [&](int j, int64_t& r0) { return block_tile_rows(j, tr, N, r0); };
     auto issue = [&](int j) {
         int64_t r0;
         const int nr = rows_of(j, r0);

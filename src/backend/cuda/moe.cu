@@ -181,6 +181,48 @@ int64_t gate_up_slot_bytes(const dmat& G, int64_t rows) {
     return 2 * align16(rows * G.row_words() * 4) + 2 * align16(rows * G.n_groups() * 4);
 }
 
+// Tile j of a gate/up block (tiles of tr rows per slot, block-strided over the k+1 slots): slot q (0 = the
+// shared expert, then the token's k experts) and its first row r0 within that expert; returns its row count.
+__device__ __forceinline__ int gate_up_tile(int j, int tr, int64_t F, int64_t tiles_per_slot, int& q, int64_t& r0) {
+    const int64_t g = blockIdx.x + (int64_t)j * gridDim.x;
+    q = (int)(g / tiles_per_slot), r0 = (g % tiles_per_slot) * tr;
+    return (int)min((int64_t)tr, F - r0);
+}
+
+// Where slot q's row r0 sits in its matrices (s_shared or the stacked experts; s_row0 after routing).
+__device__ __forceinline__ int64_t gate_up_source_row(int q, int64_t r0, const int64_t* s_row0) {
+    return (q == 0 ? 0 : s_row0[q]) + r0;
+}
+
+// The gate/up kernels' start (every thread calls it): tile 0 first if it is the shared expert's (it needs no
+// routing, so it streams while the router finishes), then the wait for the router's logits, the token's top-k
+// into s_row0[1..k] (block 0 stores it for down), tile 0 if it was an expert's, and one commit group for it.
+template <class Tile, class Issue>
+__device__ __forceinline__ void gate_up_start(int n, Tile&& tile, Issue&& issue, const dmoe& m, const moe_routing& route,
+                                              int t, int64_t* s_row0, int warp, int lane) {
+    pdl_trigger();
+    int q0 = -1;
+    int64_t r00 = 0;
+    if (n > 0) tile(0, q0, r00);
+    const bool first_is_shared = q0 == 0;
+    if (first_is_shared) issue(0);
+    pdl_wait();
+    if (warp == 0) {
+        int chosen[k_max_topk];
+        float wt[k_max_topk];
+        warp_topk(route.logits + t * route.ld, route.bias, m.E, m.k, chosen, wt);
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < k_max_topk; j++)
+                if (j < m.k) s_row0[j + 1] = (int64_t)chosen[j] * m.F;
+            if (blockIdx.x == 0) store_route(route, t, m.E, m.k, chosen, wt);
+        }
+    }
+    __syncthreads();
+    if (!first_is_shared && n > 0) issue(0);
+    cp_async_commit();  // group 0: tile 0, wherever it was issued
+}
+
 // T tokens x (k+1) slots x F rows of (gate, up) pairs (v5): grid (blocks per token, T). A token's tiles of rows
 // (shared expert first, then its k experts) stream through the shared-memory ring (stream.cuh); the block holds
 // the normalised input in registers (lane l: chunks l, l+32, ...) and each warp takes rows of the tile. The top-k
@@ -204,19 +246,14 @@ __global__ void __launch_bounds__(k_stream_threads)
     char* slots = smem + align16((m.D / CH) * (CH + 4) * 4);
     const int64_t tiles_per_slot = (m.F + tr - 1) / tr;
     const int n = block_tiles((m.k + 1) * tiles_per_slot);
-    // tile j of this block: slot q (0 = shared), rows [r0, r0 + nr) of the expert
-    auto tile = [&](int j, int& q, int64_t& r0) {
-        const int64_t g = blockIdx.x + (int64_t)j * gridDim.x;
-        q = (int)(g / tiles_per_slot), r0 = (g % tiles_per_slot) * tr;
-        return (int)min((int64_t)tr, m.F - r0);
-    };
+    auto tile = [&](int j, int& q, int64_t& r0) { return gate_up_tile(j, tr, m.F, tiles_per_slot, q, r0); };
     auto issue = [&](int j) {
         int q;
         int64_t r0;
         const int nr = tile(j, q, r0);
         const dmat& G = q == 0 ? m.s_gate : m.gate;
         const dmat& U = q == 0 ? m.s_up : m.up;
-        const int64_t row = (q == 0 ? 0 : s_row0[q]) + r0;
+        const int64_t row = gate_up_source_row(q, r0, s_row0);
         char* s = slots + (j % k_ring_gate_up) * slot_bytes;
         block_copy_async(s, G.w + row * rw, nr * rw * 4);
         block_copy_async(s + code_bytes, U.w + row * rw, nr * rw * 4);
@@ -225,27 +262,7 @@ __global__ void __launch_bounds__(k_stream_threads)
             block_copy_async(s + 2 * code_bytes + sb_bytes, U.sb + row * ng, nr * ng * 4);
         }
     };
-    pdl_trigger();
-    int q0 = -1;
-    int64_t r00 = 0;
-    if (n > 0) tile(0, q0, r00);
-    const bool first_is_shared = q0 == 0;
-    if (first_is_shared) issue(0);  // needs no routing: streams while the router finishes
-    pdl_wait();                     // the router logits come from the kernel just before
-    if (warp == 0) {
-        int chosen[k_max_topk];
-        float wt[k_max_topk];
-        warp_topk(route.logits + t * route.ld, route.bias, m.E, m.k, chosen, wt);
-        if (lane == 0) {
-#pragma unroll
-            for (int j = 0; j < k_max_topk; j++)
-                if (j < m.k) s_row0[j + 1] = (int64_t)chosen[j] * m.F;
-            if (blockIdx.x == 0) store_route(route, t, m.E, m.k, chosen, wt);
-        }
-    }
-    __syncthreads();
-    if (!first_is_shared && n > 0) issue(0);
-    cp_async_commit();  // group 0: tile 0, wherever it was issued
+    gate_up_start(n, tile, issue, m, route, t, s_row0, warp, lane);
     ring_start<k_ring_gate_up>(n, 1, issue);
     if (norm_w) block_inv_rms_rows(s_inv, xr, ldx, 1, m.D, eps);
     float xv[CPL][CH], sx[CPL];
@@ -314,43 +331,19 @@ __global__ void __launch_bounds__(k_gu_mma_threads)
     char* slots = smem + gate_up_mma_fixed(m.D, nkc);
     const int64_t tiles_per_slot = (m.F + tr - 1) / tr;
     const int n = block_tiles((m.k + 1) * tiles_per_slot);
-    auto tile = [&](int j, int& q, int64_t& r0) {
-        const int64_t gt = blockIdx.x + (int64_t)j * gridDim.x;
-        q = (int)(gt / tiles_per_slot), r0 = (gt % tiles_per_slot) * tr;
-        return (int)min((int64_t)tr, m.F - r0);
-    };
+    auto tile = [&](int j, int& q, int64_t& r0) { return gate_up_tile(j, tr, m.F, tiles_per_slot, q, r0); };
     auto issue = [&](int j) {
         int q;
         int64_t r0;
         const int nr = tile(j, q, r0);
         const dmat& G = q == 0 ? m.s_gate : m.gate;
         const dmat& U = q == 0 ? m.s_up : m.up;
-        const int64_t row = (q == 0 ? 0 : s_row0[q]) + r0;
+        const int64_t row = gate_up_source_row(q, r0, s_row0);
         char* s = slots + (j % S) * slot_bytes;
         copy_rows_mma(s, s + 2 * cb, G.w + row * rw, G.sb + row * ng, nr, rw, ng);
         copy_rows_mma(s + cb, s + 2 * cb + sbb, U.w + row * rw, U.sb + row * ng, nr, rw, ng);
     };
-    pdl_trigger();
-    int q0 = -1;
-    int64_t r00 = 0;
-    if (n > 0) tile(0, q0, r00);
-    const bool first_is_shared = q0 == 0;
-    if (first_is_shared) issue(0);  // needs no routing: streams while the router finishes
-    pdl_wait();                     // the router logits come from the kernel just before
-    if (warp == 0) {
-        int chosen[k_max_topk];
-        float wt[k_max_topk];
-        warp_topk(route.logits + t * route.ld, route.bias, m.E, m.k, chosen, wt);
-        if (lane == 0) {
-#pragma unroll
-            for (int j = 0; j < k_max_topk; j++)
-                if (j < m.k) s_row0[j + 1] = (int64_t)chosen[j] * m.F;
-            if (blockIdx.x == 0) store_route(route, t, m.E, m.k, chosen, wt);
-        }
-    }
-    __syncthreads();
-    if (!first_is_shared && n > 0) issue(0);
-    cp_async_commit();  // group 0: tile 0, wherever it was issued
+    gate_up_start(n, tile, issue, m, route, t, s_row0, warp, lane);
     ring_start<S>(n, 1, issue);
     if (norm_w) block_inv_rms_rows(s_inv, xr, ldx, 1, m.D, eps);
     stage_x_mma(s_hi, s_lo, s_sum32, xr, norm_w, norm_w ? s_inv[0] : 1.0f, m.D, f16);
@@ -404,10 +397,7 @@ __global__ void __launch_bounds__(k_stream_threads)
     float* s_h = reinterpret_cast<float*>(smem);  // the token's (k+1) x F activations, chunk-padded as in stage_x
     char* slots = smem + align16(ns * cpr * (CH + 4) * 4);
     const int n = block_tiles((m.D + tr - 1) / tr);
-    auto rows_of = [&](int j, int64_t& r0) {
-        r0 = (blockIdx.x + (int64_t)j * gridDim.x) * tr;
-        return (int)min((int64_t)tr, m.D - r0);
-    };
+    auto rows_of = [&](int j, int64_t& r0) { return block_tile_rows(j, tr, m.D, r0); };
     auto issue = [&](int j) {
         int64_t r0;
         const int nr = rows_of(j, r0);
@@ -537,10 +527,7 @@ __global__ void __launch_bounds__(k_dn_mma_threads)
     float* s_red = s_sum32 + align16(4 * ns * (F / 32)) / 4;
     char* slots = smem + down_mma_fixed(ns, F, nkc);
     const int n = block_tiles((m.D + tr - 1) / tr);
-    auto rows_of = [&](int j, int64_t& r0) {
-        r0 = (blockIdx.x + (int64_t)j * gridDim.x) * tr;
-        return (int)min((int64_t)tr, m.D - r0);
-    };
+    auto rows_of = [&](int j, int64_t& r0) { return block_tile_rows(j, tr, m.D, r0); };
     auto issue = [&](int j) {
         int64_t r0;
         const int nr = rows_of(j, r0);

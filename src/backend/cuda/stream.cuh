@@ -58,6 +58,13 @@ __device__ __forceinline__ int block_tiles(int64_t total) {
     return total > blockIdx.x ? (int)((total - blockIdx.x + gridDim.x - 1) / gridDim.x) : 0;
 }
 
+// Tile j of this block (tiles of tr rows out of n_rows, block-strided as in block_tiles): its first row in r0,
+// its row count returned.
+__device__ __forceinline__ int block_tile_rows(int j, int tr, int64_t n_rows, int64_t& r0) {
+    r0 = (blockIdx.x + (int64_t)j * gridDim.x) * tr;
+    return (int)min((int64_t)tr, n_rows - r0);
+}
+
 }  // namespace tansy::cuda
 
 namespace tansy::cuda {
