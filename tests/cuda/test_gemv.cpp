@@ -15,6 +15,9 @@ namespace {
 
 // fp32 accumulation in a different order (lanes, groups): relative error ~1e-6; 1e-5 catches any wrong term.
 constexpr double TOL_GEMV_REL = 1e-5;
+// Norm then fp16 rounding: the device's norm (rsqrtf, another summation order) moves some inputs across an fp16
+// rounding boundary, each such input off by one fp16 step (2^-11 relative); a layout error is ~1e-1.
+constexpr double TOL_GEMV_NORM_F16_REL = 1e-4;
 
 using cuda::dfmt;
 
@@ -70,7 +73,8 @@ TEST_P(cuda_gemv, matches_cpu_twin) {
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<float> got(want.size());
         dy.download(got.data(), got.size() * 4);
-        EXPECT_LT(test::rel_error(got, want), TOL_GEMV_REL) << "tensor-core families " << families;
+        EXPECT_LT(test::rel_error(got, want), g.norm && g.f16 ? TOL_GEMV_NORM_F16_REL : TOL_GEMV_REL)
+            << "tensor-core families " << families;
     }
 }
 
@@ -88,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(
                       gemv_case{0, 40009, 2048, 1, true, false}, gemv_case{0, 2051, 4096, 1, false, true},
                       gemv_case{0, 3, 1024, 1, true, true}, gemv_case{1, 131, 4096, 1, false, false},
                       gemv_case{2, 1001, 2048, 1, true, true}, gemv_case{2, 77, 512, 1, false, false},
-                      // fp16-rounded inputs (no norm: the twin rounds the very same values), both kernels
+                      // fp16-rounded inputs (without the norm the twin rounds the very same values), both kernels
                       gemv_case{0, 4099, 2048, 1, false, false, true}, gemv_case{0, 257, 512, 3, false, true, true},
                       gemv_case{2, 1001, 2048, 1, false, true, true}, gemv_case{0, 2051, 4096, 1, false, false, true},
                       // fp16 inputs, 2..8 rows: the tensor-core GEMV's batched form (one dequantisation, 8 columns)
@@ -97,7 +101,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // 9..16 rows: two n8 column groups per mma A fragment where 16 rows' x fits (K = 2048), else
                       // launches of 8 rows (K = 4096)
                       gemv_case{0, 1001, 2048, 12, true, true, true}, gemv_case{0, 4099, 2048, 16, true, false, true},
-                      gemv_case{0, 2051, 4096, 16, false, true, true}, gemv_case{0, 2051, 4096, 9, true, false, true}));
+                      gemv_case{0, 2051, 4096, 16, false, true, true}, gemv_case{0, 2051, 4096, 9, true, false, true},
+                      // enough 16-row tiles per block that the ring's slots are reused
+                      gemv_case{0, 40009, 2048, 8, false, false, true}));
 
 // Several outputs from one concatenated matrix (the fused projections).
 TEST(cuda_gemv_segments, rows_land_in_their_tensors) {

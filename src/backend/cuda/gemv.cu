@@ -441,7 +441,7 @@ namespace {
 constexpr unsigned k_mma_default_families = mma_gemvn;
 
 unsigned parse_mma_families(const char* v) {
-    if (!v) return k_mma_default_families;
+    if (!v || !*v) return k_mma_default_families;  // unset or empty: the default
     unsigned m = 0;
     const std::string s(v);
     for (size_t i = 0; i <= s.size();) {
