@@ -14,8 +14,8 @@
 //     9.1 -> 8.4 us, router 7.3 -> 5.8 us. Still not at the bandwidth: with the bytes all in flight the kernels
 //     are bound by instruction issue (~3.3 instructions per 4-bit weight in the dot loop; "wait", "not
 //     selected" and "math pipe throttle" stalls), so 8 warps per SM were slower (380 vs 416 tok/s).
-// v5: gemv_mma_kernel, the dot products on tensor cores (mma_dot.cuh), 1..8 input rows as the mma's B columns;
-//     more rows in groups of 8. H200: a decode batch of 4 went from 369 to 805 tok/s (the v2 kernel re-read
+// v5: gemv_mma_kernel, the dot products on tensor cores (mma_dot.cuh), input rows as the mma's B columns (up to
+//     16 per pass where their staged x fits, else passes of 8). H200: a decode batch of 4 went from 369 to 805 tok/s (the v2 kernel re-read
 //     the weights per 4 rows with little parallelism), 16 from 858 (GEMMs) to 1,071. With one input row it
 //     measured slower than v4 (298 vs 418 tok/s): the k-split, fold and tile copies cost ~45 instructions per
 //     mma (Nsight Compute source counters), so T == 1 stays on v4 (mma_family, gemv.cuh).
@@ -224,17 +224,17 @@ void launch_stream(const gemv_params& p, cudaStream_t stream) {
         launch_stream_as<F, CPL, k_stream_threads, 6>(p, stream);
 }
 
-// ---- 4-bit weights on tensor cores (v5): mma_dot.cuh does the dot products for 1..8 input rows; the weight
+// ---- 4-bit weights on tensor cores (v5): mma_dot.cuh does the dot products for 1..16 input rows; the weight
 // tiles stream through the ring as in v4 (rows padded in shared memory), the K units of a tile's 16-row blocks
 // are split over the warps and folded through shared memory.
 constexpr int k_mma_threads = 512;
 // plan_stream's largest tile (the fold area is sized for it): 64 rows for one input row; 16 (one mma row block)
 // for several, whose fold and x staging grow with the rows
 __host__ __device__ inline int mma_max_tile_rows(int T) { return T > 1 ? 16 : 64; }
-// 6 slots of 16 rows at K = 2048 (18.8 KB each, padded) + x staging and fold (12 KB): a block's share of a 14 MB
-// projection in flight at once; wider rows (K = 4096) take 3 slots of 16 rows (37 KB each)
-// Several input rows (x staged per row) take what the SM has: 3 slots of 16 rows of K = 4096 (100 KB) beside 8
-// rows' x (66 KB).
+// Ring budgets. One input row: 6 slots of 16 rows at K = 2048 (18.8 KB each, padded) + x staging and fold
+// (12 KB), a block's share of a 14 MB projection in flight at once; wider rows (K = 4096) 3 slots of 16 rows
+// (37 KB each). Several input rows (x staged per row) take what the SM has: 3 slots of 16 rows of K = 4096
+// (100 KB) beside 8 rows' x (66 KB).
 constexpr int64_t k_mma_ring_budget = 132 * 1024, k_mma_ring_budget_wide = 144 * 1024;
 int64_t mma_budget_wide(int T) { return T > 1 ? (int64_t)stream_smem_limit() : k_mma_ring_budget_wide; }
 
@@ -432,12 +432,8 @@ void launch(const gemv_params& p, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
-namespace {
-
 // T == 1 stays on the CUDA-core kernels (the tensor-core ones measured slower: docs/PERF.md, session 5); a
-// decode batch's 2..8 rows share one dequantisation on tensor cores.
+// decode batch's 2..16 rows share one dequantisation on tensor cores.
 constexpr unsigned k_mma_default_families = mma_gemvn;
 
 unsigned parse_mma_families(const char* v) {

@@ -1,10 +1,11 @@
-// 4-bit rows times one input vector on tensor cores (device code), for the decode GEMV and the MoE gate/up.
+// 4-bit rows times one or more input vectors on tensor cores (device code), for the decode GEMV and the MoE.
 // Why: the CUDA-core dot costs ~3.3 instructions per 4-bit weight (byte_perm + FFMA + nibble extraction), which
 // bounds the decode kernels (docs/PERF.md, session 4). Here mma.sync m16n8k16 does the multiply-adds: a warp
 // takes 16 rows x 32 columns per "unit"; lane (g, c) = (lane/4, lane%4) loads word c of the unit in rows g and
-// g+8, and one LOP3 + HSUB2 turns nibbles (n, n+4) of a word into an exact fp16 pair (1024 + q) - 1024: the A
-// fragments of two k-steps. Every column of B is the same x, stored permuted per 8 values as x0 x4 x1 x5 x2 x6
-// x3 x7 (the order the nibble pairs come in), so every column of C is a row's dot product. Precise mode splits x
+// g+8, and one LOP3 + HSUB2 (or HFMA2) turns nibbles (n, n+4) of a word into an exact fp16 pair: the A
+// fragments of two k-steps (q4_pairs). x is stored permuted per 8 values as x0 x4 x1 x5 x2 x6 x3 x7 (the order
+// the nibble pairs come in). With one input row every column of B is that x, so every column of C is a row's
+// dot product; with several, B column n is row n's x (mma_dot_rows_tokens). Precise mode splits x
 // into fp16 hi + lo (two mma per k-step; lo is stored times 2^11 and accumulated apart, which keeps it out of
 // fp16's subnormals); fast mode's x is already fp16 (lo = 0, skipped). Per group of columns:
 // y += scale * C + bias * sum(x). tools/check_gemv_mma_layout.py checks the fragment layout on the CPU.

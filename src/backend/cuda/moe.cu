@@ -189,7 +189,8 @@ __device__ __forceinline__ int gate_up_tile(int j, int tr, int64_t F, int64_t ti
     return (int)min((int64_t)tr, F - r0);
 }
 
-// Where slot q's row r0 sits in its matrices (s_shared or the stacked experts; s_row0 after routing).
+// Where slot q's row r0 sits in its matrices (the shared expert's, or the stacked experts' from s_row0 after
+// routing).
 __device__ __forceinline__ int64_t gate_up_source_row(int q, int64_t r0, const int64_t* s_row0) {
     return (q == 0 ? 0 : s_row0[q]) + r0;
 }
