@@ -1,5 +1,5 @@
-// The CUDA Gated DeltaNet prefill path (gdn_prefill.cu: prep + register-resident scan, taken by spans of more
-// than k_gdn_recur_max_rows rows) against the CPU backend, and its hand-over to the decode kernel: a prompt
+// The CUDA Gated DeltaNet prefill path (gdn_prefill.cu: prep, then the chunk-parallel form or the token scan,
+// taken by spans of more than k_gdn_recur_max_rows rows) against the CPU backend, and its hand-over to the decode kernel: a prompt
 // from an empty state, its continuation, single-token decode steps that must pick up the prefill's state and
 // conv window exactly, batches mixing long and single-token spans, both sides of the routing threshold, and
 // odd lengths; at the tiny fixture's shapes and the real Qwen3.6-35B-A3B ones (DeltaNet layer 0).
@@ -17,12 +17,14 @@ using namespace tansy::test;
 namespace {
 
 // fp32 on both sides, as TOL_FP32_OP of test_ops.cpp. The CPU evaluates spans of more than one row in the
-// chunked form (MODEL.md §4.7) while the GPU scans token by token; on these very steps the CPU's two forms
-// differ by <= 6.3e-7 (measured), so 2e-5 leaves room for the device's fast exp/rsqrt and the state's
-// error carried into later steps (the update is a contraction: it does not grow with span length).
+// chunked form (MODEL.md §4.7); the GPU in the chunked form too (by default: an explicit inverse of I + L where
+// the CPU substitutes, other summation orders) or token by token. On these very steps the CPU's two forms
+// differ by <= 6.3e-7 (measured), so 2e-5 leaves room for the device's exp/rsqrt and the state's error
+// carried into later steps (the update is a contraction: it does not grow with span length).
 constexpr double TOL_GDN_PREFILL = 2e-5;
-// The prefill path against the decode kernel on the same inputs: the conv, norms and gates are bit-identical,
-// only the two 128-term dot products per token are summed in another order (~1e-7 relative per token).
+// The token-scan prefill path against the decode kernel on the same inputs: the conv, norms and gates are
+// bit-identical, only the two 128-term dot products per token are summed in another order (~1e-7 relative per
+// token). The chunked form against the decode kernel is held to TOL_GDN_PREFILL (another form of the math).
 constexpr double TOL_GDN_SAME_MATH = 5e-6;
 
 // Sequences advanced on both backends through GDN layer 0, one forward step at a time.
@@ -30,8 +32,9 @@ struct gdn_sequences {
     pair_of_backends& p;
     std::vector<std::unique_ptr<seq_state>> cpu, gpu;
     uint32_t seed = 5000;
+    gdn_mode gpu_mode;  // auto_select: the chunked form for prefill spans; recurrent: the token scan
 
-    gdn_sequences(pair_of_backends& pb, int n, int64_t capacity) : p(pb) {
+    gdn_sequences(pair_of_backends& pb, int n, int64_t capacity, gdn_mode m) : p(pb), gpu_mode(m) {
         for (int i = 0; i < n; i++) {
             cpu.push_back(p.cpu->new_state(capacity));
             gpu.push_back(p.gpu->new_state(capacity));
@@ -53,7 +56,7 @@ struct gdn_sequences {
         twin qkv(p, T, c.lin_conv_dim(), seed++), z(p, T, c.lin_value_dim(), seed++), b(p, T, c.lin_v_heads, seed++),
             a(p, T, c.lin_v_heads, seed++), o(p, T, c.lin_value_dim());
         p.cpu->gdn(o.c.t(), qkv.c.t(), z.c.t(), b.c.t(), a.c.t(), w, 0, sc, gdn_mode::auto_select);
-        p.gpu->gdn(o.g.t(), qkv.g.t(), z.g.t(), b.g.t(), a.g.t(), w, 0, sg, gdn_mode::auto_select);
+        p.gpu->gdn(o.g.t(), qkv.g.t(), z.g.t(), b.g.t(), a.g.t(), w, 0, sg, gpu_mode);
         const double err = o.diff(p);
         p.cpu->end_step(sc);
         p.gpu->end_step(sg);
@@ -71,10 +74,10 @@ std::string describe(const std::vector<std::pair<int, int>>& parts) {
     return s;
 }
 
-void check_prefill(pair_of_backends& p) {
+void check_prefill(pair_of_backends& p, gdn_mode gpu_mode) {
     constexpr int A = 0, B = 1, C = 2;
     constexpr int L = cuda::k_gdn_recur_max_rows;  // longest span the decode kernel takes
-    gdn_sequences seqs(p, 3, 1024);
+    gdn_sequences seqs(p, 3, 1024, gpu_mode);
     const std::vector<std::vector<std::pair<int, int>>> steps = {
         {{A, 300}},                      // a prompt from an empty state
         {{A, 200}},                      // its continuation (state and conv window carried)
@@ -91,12 +94,19 @@ void check_prefill(pair_of_backends& p) {
         {{C, L + 2}, {A, 1}},            // a long span after decode steps (conv window written by the decode kernel)
         {{C, 1}, {A, 1}},
     };
-    for (const auto& parts : steps) EXPECT_LT(seqs.step(parts), TOL_GDN_PREFILL) << "gdn step " << describe(parts);
+    for (const auto& parts : steps)
+        EXPECT_LT(seqs.step(parts), TOL_GDN_PREFILL)
+            << "gdn step " << describe(parts) << (gpu_mode == gdn_mode::recurrent ? " (token scan)" : " (chunked)");
+}
+
+void check_prefill_both_forms(pair_of_backends& p) {
+    check_prefill(p, gdn_mode::auto_select);
+    check_prefill(p, gdn_mode::recurrent);
 }
 
 // One long span through the prefill path vs the same rows one decode step at a time (the decode kernel), on
 // the GPU alone; then one more decode step on both, which reads the two final states and conv windows.
-void check_against_decode(pair_of_backends& p, int n) {
+void check_against_decode(pair_of_backends& p, int n, gdn_mode mode) {
     const model_config& c = p.m.cfg;
     const gdn_weights& w = p.m.w.layers[0].gdn;
     backend& be = *p.gpu;
@@ -116,7 +126,7 @@ void check_against_decode(pair_of_backends& p, int n) {
             be.upload(bb.t(), b.data() + row0 * H);
             be.upload(ba.t(), a.data() + row0 * H);
             const std::vector<seq_span> sp = {{st.get(), 0, rows, st->n_past()}};
-            be.gdn(bo.t(), bq.t(), bz.t(), bb.t(), ba.t(), w, 0, sp, gdn_mode::auto_select);
+            be.gdn(bo.t(), bq.t(), bz.t(), bb.t(), ba.t(), w, 0, sp, mode);
             be.end_step(sp);
             st->set_n_past(st->n_past() + rows);
             std::vector<float> o((size_t)(rows * V));
@@ -132,14 +142,16 @@ void check_against_decode(pair_of_backends& p, int n) {
     };
     const std::vector<float> scan = run(true), recur = run(false);
     const size_t span_floats = (size_t)n * V;
+    const double tol = mode == gdn_mode::recurrent ? TOL_GDN_SAME_MATH : TOL_GDN_PREFILL;
+    const char* form = mode == gdn_mode::recurrent ? " (token scan)" : " (chunked)";
     EXPECT_LT(rel_error(std::vector<float>(scan.begin(), scan.begin() + span_floats),
-                              std::vector<float>(recur.begin(), recur.begin() + span_floats)),
-              TOL_GDN_SAME_MATH)
-        << n << "-row span";
+                        std::vector<float>(recur.begin(), recur.begin() + span_floats)),
+              tol)
+        << n << "-row span" << form;
     EXPECT_LT(rel_error(std::vector<float>(scan.begin() + span_floats, scan.end()),
-                              std::vector<float>(recur.begin() + span_floats, recur.end())),
-              TOL_GDN_SAME_MATH)
-        << "decode step after a " << n << "-row span";
+                        std::vector<float>(recur.begin() + span_floats, recur.end())),
+              tol)
+        << "decode step after a " << n << "-row span" << form;
 }
 
 }  // namespace
@@ -147,17 +159,18 @@ void check_against_decode(pair_of_backends& p, int n) {
 TEST(cuda_gdn_prefill, matches_decode_kernel) {
     TANSY_REQUIRE_GPU();
     auto p = make_pair(real_config());
-    for (int n : {cuda::k_gdn_recur_max_rows + 1, 100}) check_against_decode(*p, n);
+    for (gdn_mode mode : {gdn_mode::recurrent, gdn_mode::auto_select})
+        for (int n : {cuda::k_gdn_recur_max_rows + 1, 100, 2 * cuda::k_gdn_chunk}) check_against_decode(*p, n, mode);
 }
 
 TEST(cuda_gdn_prefill, tiny_shapes) {
     TANSY_REQUIRE_GPU();
     auto p = make_pair(tiny_config());
-    check_prefill(*p);
+    check_prefill_both_forms(*p);
 }
 
 TEST(cuda_gdn_prefill, real_shapes) {
     TANSY_REQUIRE_GPU();
     auto p = make_pair(real_config());
-    check_prefill(*p);
+    check_prefill_both_forms(*p);
 }

@@ -231,7 +231,7 @@ class cuda_backend final : public backend {
     }
 
     void gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
-             const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode) override {
+             const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode mode) override {
         prepare_batch(spans, (int)qkv.rows);
         gdn_params p;
         p.qkv = f32(qkv), p.b = f32(b), p.a = f32(a), p.z = f32(z);
@@ -246,6 +246,7 @@ class cuda_backend final : public backend {
         p.o = ws_gdn_o_.ensure((size_t)out.numel());
         if (p.T - (p.n_spans - 1) > k_gdn_recur_max_rows)  // some span takes the prefill path
             p.work = ws_gdn_work_.ensure(gdn_prefill_workspace_floats(p.T, p.Hk, p.Hv, p.dk, p.dv));
+        p.chunked = mode != gdn_mode::recurrent;  // prompts in the chunk-parallel form unless told otherwise
         p.out = f32(out);
         gdn_forward(p, stream_);
     }

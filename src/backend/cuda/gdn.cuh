@@ -2,8 +2,10 @@
 // delta rule, then the gated RMSNorm. Two paths, routed by span length inside gdn_forward:
 //  - decode (spans of <= k_gdn_recur_max_rows rows): one block per (sequence, value head, 32 value columns)
 //    walks the span's tokens with the state slice in registers (gdn.cu);
-//  - prefill (longer spans): a parallel prep kernel (conv, norms, gates) into a workspace, then a scan with the
-//    state in registers and chunks of tokens staged through shared memory (gdn_prefill.cu).
+//  - prefill (longer spans): a parallel prep kernel (conv, norms, gates) into a workspace, then either the
+//    chunk-parallel form (MODEL.md §4.7: per (chunk, head) the intra-chunk matrices in parallel, then a scan over
+//    chunks carrying the fp32 state; the default) or a token-by-token scan with the state in registers
+//    (gdn_params::chunked = false), both in gdn_prefill.cu.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -31,8 +33,10 @@ struct gdn_params {
     dshape shape;
     int slot = 0;
     // workspace for the prefill path (spans of more than k_gdn_recur_max_rows rows), 16-byte aligned,
-    // gdn_prefill_workspace_floats(T, ...) floats: q^ [T, Hk*dk] | k^ [T, Hk*dk] | (beta, alpha) [Hv, T, 2]
+    // gdn_prefill_workspace_floats(T, ...) floats: q^ [T, Hk*dk] | k^ [T, Hk*dk] | (beta, alpha) [Hv, T, 2],
+    // then for the chunked form (I+L)^-1 and A rows [Hv, T, 64] each
     float* work = nullptr;
+    bool chunked = true;  // prefill spans in the chunk-parallel form (MODEL.md §4.7), else token by token
     // outputs
     float* o = nullptr;    // [T, Hv*dv] delta-rule output (before the gated norm); the prefill path stages v here
     float* out = nullptr;  // [T, Hv*dv] gated-normed
@@ -44,9 +48,17 @@ struct gdn_params {
 // spans on the latency-tuned kernel and must stay >= K-1 (a long span's new conv window is its own rows).
 constexpr int k_gdn_recur_max_rows = 16;
 
-// Floats of gdn_params::work for a batch of T rows (whatever the span lengths).
+constexpr int k_gdn_chunk = 64;  // rows per chunk of the chunk-parallel form (MODEL.md §4.7)
+
+// Offset of the chunked form's matrices in gdn_params::work (16-byte aligned).
+__host__ __device__ inline size_t gdn_work_chunk_offset(int64_t T, int64_t Hk, int64_t Hv, int64_t dk) {
+    return ((size_t)T * (size_t)(2 * Hk * dk + 2 * Hv) + 3) / 4 * 4;
+}
+
+// Floats of gdn_params::work for a batch of T rows (whatever the span lengths), the chunked form's included.
+// At the prefill chunk of 8192 rows of the real model: 136 MB + 134 MB.
 inline size_t gdn_prefill_workspace_floats(int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t /*dv*/) {
-    return (size_t)T * (size_t)(2 * Hk * dk + 2 * Hv);
+    return gdn_work_chunk_offset(T, Hk, Hv, dk) + 2 * (size_t)Hv * (size_t)T * k_gdn_chunk;
 }
 
 // CPU twins: cpu::conv1d_silu, cpu::delta_rule_recurrent, cpu::gated_rms_norm.

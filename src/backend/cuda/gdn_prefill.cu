@@ -296,6 +296,297 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params 
     for (int i = 0; i < 32; i++) S[(int64_t)(32 * quarter + i) * p.dv] = st[i];
 }
 
+// ------------------------------------------------------------------------------------------------ chunked
+
+// v2 (gdn v3): the chunk-parallel form (MODEL.md §4.7, the CPU twin's cpu::delta_rule_chunked), fp32, chunks of
+// CC = 64 rows from each span's start (as the twin cuts them).
+//  3. chunk_kernel, one block of 256 threads per (chunk, value head, span), fully parallel: gamma (cumulative
+//     log decay, into the alpha slot of (beta, alpha): the scan reads it there), the strictly-lower
+//     L = beta_r (k_r.k_s) e^(gamma_r - gamma_s), the unit-lower inverse Tinv = (I + L)^-1 (row by row, one
+//     column per thread of two warps), and A = (q_r.k_s) e^(gamma_r - gamma_s) on and below the diagonal; Tinv
+//     and A rows go to the workspace as [Hv, T, 64].
+//  4. chunk_scan_kernel, one block of 256 threads per (span, value head, 32 value columns), walks the span's
+//     chunks with the state slice (128 x 32) in registers (16 values per thread) and a copy in shared memory:
+//     R = beta V - beta e^gamma (K S), Delta = Tinv R, O = e^gamma (Q S) + A Delta,
+//     S = e^gamma_last S + (K e^(gamma_last - gamma))^T Delta (~4.1 k FMA per thread and chunk).
+//  Delta = Tinv R is the twin's U - W S: U = Tinv (beta V) and W = Tinv (beta e^gamma K).
+//  note: CUDA cores only; the four products are tensor-core shaped (64 x 128 x 32 and 64 x 64 x 32), the
+//  next step once this form is measured.
+constexpr int CC = k_gdn_chunk;
+constexpr int CH_THREADS = 256;
+constexpr int KP = DK + 4;   // staged k^/q^ row stride in floats: rows 4 banks apart, float4 aligned
+constexpr int MP = CC + 4;   // staged 64-wide matrix rows
+constexpr int CT = 32;       // value columns per scan block
+constexpr int CTP = CT + 4;  // their row stride
+static_assert(CC == 64 && CH_THREADS == 256 && DK == 128, "the thread mappings below");
+constexpr size_t CHUNK_SMEM = (size_t)(2 * CC * KP + 2 * CC * MP) * sizeof(float);                // 102 KB
+constexpr size_t CSCAN_SMEM = (size_t)(2 * CC * KP + 3 * CC * CTP + 2 * CC * MP + DK * CTP + 2 * CC) * sizeof(float);  // 149 KB
+
+__device__ __forceinline__ float* work_tinv(const gdn_params& p) {
+    return p.work + gdn_work_chunk_offset(p.T, p.Hk, p.Hv, DK);
+}
+__device__ __forceinline__ float* work_amat(const gdn_params& p) { return work_tinv(p) + (int64_t)p.Hv * p.T * CC; }
+
+__device__ __forceinline__ float dot4(const float4 a, const float4 b, float acc) {
+    return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
+}
+__device__ __forceinline__ float comp(const float4 v, int e) { return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w; }
+
+__global__ void __launch_bounds__(CH_THREADS) chunk_kernel(const gdn_params p, int min_rows) {
+    extern __shared__ float4 smem_[];
+    float* sk = reinterpret_cast<float*>(smem_);  // [CC][KP] k^ rows of the chunk (zeros past its end)
+    float* sq = sk + CC * KP;                     // [CC][KP] q^
+    float* sL = sq + CC * KP;                     // [CC][MP] L
+    float* sT = sL + CC * MP;                     // [CC][MP] Tinv
+    __shared__ float s_gam[CC], s_beta[CC];
+    const dspan sp = p.spans[blockIdx.z];
+    const int c0 = blockIdx.x * CC;
+    if (sp.n < min_rows || c0 >= sp.n) return;  // block-uniform
+    const int nc = min(CC, sp.n - c0), h = blockIdx.y, kh = h / (p.Hv / p.Hk), row0 = sp.row0 + c0;
+    const int tid = threadIdx.x, kd = p.Hk * DK;
+    const float *wq = work_q(p), *wk = work_k(p);
+    float* wg = work_g(p);
+
+    // 1. the chunk's rows, and the gates: g = -exp(A_log) softplus(a + dt_bias) as the twin (and prep) compute
+    //    it, gamma = its running sum in row order
+    for (int i = tid; i < CC * (DK / 4); i += CH_THREADS) {
+        const int r = i / (DK / 4), c4 = (i % (DK / 4)) * 4;
+        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), qv = kv;
+        if (r < nc) {
+            const int64_t src = (int64_t)(row0 + r) * kd + kh * DK + c4;
+            kv = *reinterpret_cast<const float4*>(wk + src), qv = *reinterpret_cast<const float4*>(wq + src);
+        }
+        *reinterpret_cast<float4*>(sk + r * KP + c4) = kv;
+        *reinterpret_cast<float4*>(sq + r * KP + c4) = qv;
+    }
+    if (tid < CC) {
+        float g = 0.0f, beta = 0.0f;
+        if (tid < nc) {
+            const int64_t row = row0 + tid;
+            const float A = -expf(p.A_log[h]);
+            g = A * gdn_softplus(p.a[row * p.Hv + h] + p.dt_bias[h]);
+            beta = wg[((int64_t)h * p.T + row) * 2];
+        }
+        s_gam[tid] = g, s_beta[tid] = beta;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float acc = 0.0f;
+        for (int r = 0; r < CC; r++) s_gam[r] = acc += s_gam[r];
+    }
+    __syncthreads();
+    if (tid < nc) wg[((int64_t)h * p.T + row0 + tid) * 2 + 1] = s_gam[tid];
+
+    // 2. k.k and q.k for rows r = tr + 16 j against rows s = ts + 16 m (a 4 x 4 tile per thread), then L and A
+    const int tr = tid / 16, ts = tid % 16;
+    float kk[4][4], qk[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int m = 0; m < 4; m++) kk[j][m] = qk[j][m] = 0.0f;
+    for (int i = 0; i < DK; i += 4) {
+        float4 kr[4], qr[4], ks[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            kr[j] = *reinterpret_cast<const float4*>(sk + (tr + 16 * j) * KP + i);
+            qr[j] = *reinterpret_cast<const float4*>(sq + (tr + 16 * j) * KP + i);
+            ks[j] = *reinterpret_cast<const float4*>(sk + (ts + 16 * j) * KP + i);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int m = 0; m < 4; m++) kk[j][m] = dot4(kr[j], ks[m], kk[j][m]), qk[j][m] = dot4(qr[j], ks[m], qk[j][m]);
+    }
+    float* amat = work_amat(p) + ((int64_t)h * p.T + row0) * CC;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int r = tr + 16 * j, s = ts + 16 * m;
+            float l = 0.0f, a = 0.0f;
+            if (s <= r) {
+                const float decay = expf(s_gam[r] - s_gam[s]);
+                if (s < r) l = s_beta[r] * kk[j][m] * decay;
+                a = qk[j][m] * decay;
+            }
+            sL[r * MP + s] = l;
+            if (r < nc) amat[(int64_t)r * CC + s] = a;
+        }
+    __syncthreads();
+
+    // 3. Tinv = (I + L)^-1 by rows: Tinv_r = e_r - sum_{s<r} L_rs Tinv_s. Column j needs only column j's
+    //    earlier rows (Tinv_sj = 0 for j > s), so thread j < 64 computes it alone, no barrier per row; four
+    //    partial sums shorten the dependent chain. Rows past nc come out as e_r (their L rows are 0), not stored.
+    if (tid < CC) {
+        const int j = tid;
+        for (int r = 0; r < CC; r++) {
+            const float* Lr = sL + r * MP;
+            float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
+            int s = j;
+            for (; s + 3 < r; s += 4) {
+                v0 = fmaf(Lr[s], sT[s * MP + j], v0), v1 = fmaf(Lr[s + 1], sT[(s + 1) * MP + j], v1);
+                v2 = fmaf(Lr[s + 2], sT[(s + 2) * MP + j], v2), v3 = fmaf(Lr[s + 3], sT[(s + 3) * MP + j], v3);
+            }
+            for (; s < r; s++) v0 = fmaf(Lr[s], sT[s * MP + j], v0);
+            sT[r * MP + j] = j < r ? -((v0 + v1) + (v2 + v3)) : j == r ? 1.0f : 0.0f;
+        }
+    }
+    __syncthreads();
+    float* tinv = work_tinv(p) + ((int64_t)h * p.T + row0) * CC;
+    for (int e = tid; e < nc * (CC / 4); e += CH_THREADS) {
+        const int r = e / (CC / 4), c4 = (e % (CC / 4)) * 4;
+        *reinterpret_cast<float4*>(tinv + (int64_t)r * CC + c4) = *reinterpret_cast<const float4*>(sT + r * MP + c4);
+    }
+}
+
+__global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params p, int min_rows) {
+    extern __shared__ float4 smem_[];
+    float* sk = reinterpret_cast<float*>(smem_);  // [CC][KP] k^
+    float* sq = sk + CC * KP;                     // [CC][KP] q^
+    float* sv = sq + CC * KP;                     // [CC][CTP] v (the block's columns)
+    float* sR = sv + CC * CTP;                    // [CC][CTP] R
+    float* sD = sR + CC * CTP;                    // [CC][CTP] Delta
+    float* sT = sD + CC * CTP;                    // [CC][MP] Tinv
+    float* sA = sT + CC * MP;                     // [CC][MP] A
+    float* sS = sA + CC * MP;                     // [DK][CTP] the state slice
+    float* sg = sS + DK * CTP;                    // [CC][2] (beta, gamma)
+    __shared__ float s_el[CC];                    // e^(gamma_last - gamma_r)
+    const dspan sp = p.spans[blockIdx.x];
+    if (sp.n < min_rows) return;
+    const int h = blockIdx.y, col0 = blockIdx.z * CT, kh = h / (p.Hv / p.Hk), tid = threadIdx.x, kd = p.Hk * DK;
+    const int64_t vd = (int64_t)p.Hv * p.dv;
+    const float *wq = work_q(p), *wk = work_k(p), *wg = work_g(p), *tinv = work_tinv(p), *amat = work_amat(p);
+    // this thread: state rows si + 32 m (m < 4), rows rr and rr + 32 of the chunk, columns j0 .. j0 + 3
+    const int si = tid / 8, rr = tid / 8, j0 = 4 * (tid % 8);
+    float* S = s_buf(p.seqs[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0 + j0;
+    float st[4][4];
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) st[m][e] = S[(int64_t)(si + 32 * m) * p.dv + e];
+
+    for (int c0 = 0; c0 < sp.n; c0 += CC) {
+        const int nc = min(CC, sp.n - c0), row0 = sp.row0 + c0;
+        // stage the chunk (rows past nc zero-filled), and the state into shared memory
+        for (int i = tid; i < CC * (DK / 4); i += CH_THREADS) {
+            const int r = i / (DK / 4), c4 = (i % (DK / 4)) * 4;
+            const int64_t src = (int64_t)(row0 + min(r, nc - 1)) * kd + kh * DK + c4;
+            cp_async16_zfill(sk + r * KP + c4, wk + src, r < nc);
+            cp_async16_zfill(sq + r * KP + c4, wq + src, r < nc);
+        }
+        for (int i = tid; i < CC * (CT / 4); i += CH_THREADS) {
+            const int r = i / (CT / 4), c4 = (i % (CT / 4)) * 4;
+            cp_async16_zfill(sv + r * CTP + c4, p.o + (int64_t)(row0 + min(r, nc - 1)) * vd + h * p.dv + col0 + c4, r < nc);
+        }
+        for (int i = tid; i < CC * (CC / 4); i += CH_THREADS) {
+            const int r = i / (CC / 4), c4 = (i % (CC / 4)) * 4;
+            const int64_t src = ((int64_t)h * p.T + row0 + min(r, nc - 1)) * CC + c4;
+            cp_async16_zfill(sT + r * MP + c4, tinv + src, r < nc);
+            cp_async16_zfill(sA + r * MP + c4, amat + src, r < nc);
+        }
+        for (int t = tid; t < nc; t += CH_THREADS) cp_async8(sg + 2 * t, wg + ((int64_t)h * p.T + row0 + t) * 2);
+        cp_async_commit();
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+            *reinterpret_cast<float4*>(sS + (si + 32 * m) * CTP + j0) = make_float4(st[m][0], st[m][1], st[m][2], st[m][3]);
+        cp_async_wait<0>();
+        __syncthreads();
+        const float g_last = sg[2 * (nc - 1) + 1];
+        if (tid < nc) s_el[tid] = expf(g_last - sg[2 * tid + 1]);
+
+        // 1. K S and Q S for rows rr, rr + 32
+        float ks[2][4], qs[2][4];
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ks[a][e] = qs[a][e] = 0.0f;
+        for (int i = 0; i < DK; i += 4) {
+            float4 k4[2], q4[2];
+#pragma unroll
+            for (int a = 0; a < 2; a++) {
+                k4[a] = *reinterpret_cast<const float4*>(sk + (rr + 32 * a) * KP + i);
+                q4[a] = *reinterpret_cast<const float4*>(sq + (rr + 32 * a) * KP + i);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float4 s4 = *reinterpret_cast<const float4*>(sS + (i + e) * CTP + j0);
+#pragma unroll
+                for (int a = 0; a < 2; a++) {
+                    const float kc = comp(k4[a], e), qc = comp(q4[a], e);
+                    ks[a][0] = fmaf(kc, s4.x, ks[a][0]), ks[a][1] = fmaf(kc, s4.y, ks[a][1]);
+                    ks[a][2] = fmaf(kc, s4.z, ks[a][2]), ks[a][3] = fmaf(kc, s4.w, ks[a][3]);
+                    qs[a][0] = fmaf(qc, s4.x, qs[a][0]), qs[a][1] = fmaf(qc, s4.y, qs[a][1]);
+                    qs[a][2] = fmaf(qc, s4.z, qs[a][2]), qs[a][3] = fmaf(qc, s4.w, qs[a][3]);
+                }
+            }
+        }
+        // 2. R = beta V - beta e^gamma (K S)
+#pragma unroll
+        for (int a = 0; a < 2; a++) {
+            const int r = rr + 32 * a;
+            if (r >= nc) continue;  // never read (Delta's sum runs over s < nc)
+            const float b = sg[2 * r], bg = b * expf(sg[2 * r + 1]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) sR[r * CTP + j0 + e] = fmaf(-bg, ks[a][e], b * sv[r * CTP + j0 + e]);
+        }
+        __syncthreads();
+        // 3. Delta = Tinv R
+        float d[2][4];
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) d[a][e] = 0.0f;
+        for (int s = 0; s < nc; s++) {
+            const float4 r4 = *reinterpret_cast<const float4*>(sR + s * CTP + j0);
+#pragma unroll
+            for (int a = 0; a < 2; a++) {
+                const float t = sT[(rr + 32 * a) * MP + s];
+                d[a][0] = fmaf(t, r4.x, d[a][0]), d[a][1] = fmaf(t, r4.y, d[a][1]);
+                d[a][2] = fmaf(t, r4.z, d[a][2]), d[a][3] = fmaf(t, r4.w, d[a][3]);
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+            *reinterpret_cast<float4*>(sD + (rr + 32 * a) * CTP + j0) = make_float4(d[a][0], d[a][1], d[a][2], d[a][3]);
+        __syncthreads();
+        // 4. O = e^gamma (Q S) + A Delta, into p.o (this chunk's v rows are staged already)
+#pragma unroll
+        for (int a = 0; a < 2; a++) {
+            const int r = rr + 32 * a;
+            if (r >= nc) continue;
+            const float eg = expf(sg[2 * r + 1]);
+            float o[4] = {eg * qs[a][0], eg * qs[a][1], eg * qs[a][2], eg * qs[a][3]};
+            for (int s = 0; s <= r; s++) {
+                const float4 d4 = *reinterpret_cast<const float4*>(sD + s * CTP + j0);
+                const float av = sA[r * MP + s];
+                o[0] = fmaf(av, d4.x, o[0]), o[1] = fmaf(av, d4.y, o[1]), o[2] = fmaf(av, d4.z, o[2]), o[3] = fmaf(av, d4.w, o[3]);
+            }
+            *reinterpret_cast<float4*>(p.o + (int64_t)(row0 + r) * vd + h * p.dv + col0 + j0) = make_float4(o[0], o[1], o[2], o[3]);
+        }
+        // 5. S = e^gamma_last S + sum_r (k_r e^(gamma_last - gamma_r)) Delta_r^T
+        const float el = expf(g_last);
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[m][e] *= el;
+        for (int r = 0; r < nc; r++) {
+            const float4 d4 = *reinterpret_cast<const float4*>(sD + r * CTP + j0);
+            const float w = s_el[r];
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const float kv = sk[r * KP + si + 32 * m] * w;
+                st[m][0] = fmaf(kv, d4.x, st[m][0]), st[m][1] = fmaf(kv, d4.y, st[m][1]);
+                st[m][2] = fmaf(kv, d4.z, st[m][2]), st[m][3] = fmaf(kv, d4.w, st[m][3]);
+            }
+        }
+        __syncthreads();  // everyone is done with this chunk's staging before the next one overwrites it
+    }
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) S[(int64_t)(si + 32 * m) * p.dv + e] = st[m][e];
+}
+
 template <int K>
 void launch_prep(const gdn_params& p, int min_rows, cudaStream_t stream) {
     const int units = p.Hk + (p.Hv * p.dv + DK - 1) / DK;  // key heads (q and k), then v in 128-channel blocks
@@ -319,6 +610,19 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream) {
     switch (p.K) {
         case 4: launch_prep<4>(p, min_rows, stream); break;
         default: TANSY_ABORT("cuda deltanet prefill: conv kernel %d", p.K);
+    }
+    if (p.chunked) {
+        allow_dynamic_smem<chunk_kernel>(CHUNK_SMEM);
+        allow_dynamic_smem<chunk_scan_kernel>(CSCAN_SMEM);
+        // chunks of the longest possible span (a block past its own span's end returns at once)
+        const int max_chunks = (p.T - (p.n_spans - 1) + CC - 1) / CC;
+        chunk_kernel<<<dim3((unsigned)max_chunks, (unsigned)p.Hv, (unsigned)p.n_spans), CH_THREADS, CHUNK_SMEM, stream>>>(
+            p, min_rows);
+        CUDA_CHECK_LAUNCH();
+        chunk_scan_kernel<<<dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / CT)), CH_THREADS, CSCAN_SMEM,
+                            stream>>>(p, min_rows);
+        CUDA_CHECK_LAUNCH();
+        return;
     }
     allow_dynamic_smem<scan_kernel>(SCAN_SMEM);
     scan_kernel<<<dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / SCAN_COLS)), SCAN_WARPS * 32, SCAN_SMEM,
