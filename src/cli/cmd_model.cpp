@@ -29,6 +29,9 @@ void add_engine_options(arg_parser& p) {
         .option("--gemm", "MODE",
                 "cuda prompt processing: fast (fp16 tensor-core inputs, the default) or precise (bf16 hi + lo pairs: "
                 "~fp32 results, slower)")
+        .option("--deltanet", "FORM",
+                "DeltaNet prompt spans: auto (the chunk-parallel form, the default), chunked or recurrent (token by "
+                "token)")
         .option("--verbose", "", "log loading details", "-v");
 }
 
@@ -46,6 +49,11 @@ engine_options engine_options_from(const arg_parser& p) {
         o.prefill_chunk = p.integer("--prefill-chunk", 0);
         if (o.prefill_chunk < 1) fail("--prefill-chunk must be >= 1 token");
     }
+    const std::string dn = p.str("--deltanet", "auto");
+    if (dn == "auto") o.gdn = gdn_mode::auto_select;
+    else if (dn == "chunked") o.gdn = gdn_mode::chunked;
+    else if (dn == "recurrent") o.gdn = gdn_mode::recurrent;
+    else fail("--deltanet must be auto, chunked or recurrent, got '%s'", dn.c_str());
     if (p.has("--verbose")) set_log_level(log_level::debug);
     return o;
 }

@@ -48,6 +48,7 @@ void engine::init(const engine_options& opt) {
     backend_->bind(*model_);
     fwd_ = std::make_unique<forward_pass>(*backend_, *model_);
     if (opt.prefill_chunk > 0) fwd_->prefill_chunk = opt.prefill_chunk;
+    fwd_->gdn = opt.gdn;
     tok_ = backend_->alloc(1, 1, dtype::i32);
     n_valid_ = model_->cfg.vocab;
 }

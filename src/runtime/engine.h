@@ -26,6 +26,9 @@ struct engine_options {
     // Prompt tokens per forward step (forward_pass::prefill): bounds the activation workspace of long prompts.
     // 0: forward_pass::DEFAULT_PREFILL_CHUNK (8192).
     int64_t prefill_chunk = 0;
+    // DeltaNet layers' prompt spans: auto (the chunk-parallel form of MODEL.md §4.7, single tokens recurrent),
+    // chunked or recurrent (token by token).
+    gdn_mode gdn = gdn_mode::auto_select;
 };
 
 // The bundled tiny chat model (models/tiny-chat-q4), or $TANSY_MODEL when set.

@@ -93,6 +93,8 @@ void check_prefill(pair_of_backends& p, gdn_mode gpu_mode) {
         {{A, 1}, {C, 1}, {B, 1}},
         {{C, L + 2}, {A, 1}},            // a long span after decode steps (conv window written by the decode kernel)
         {{C, 1}, {A, 1}},
+        {{B, 1}, {C, 150}, {A, 70}},     // multi-chunk spans starting after row 0 (chunk blocks past a span's end)
+        {{A, 1}, {B, 1}, {C, 1}},
     };
     for (const auto& parts : steps)
         EXPECT_LT(seqs.step(parts), TOL_GDN_PREFILL)

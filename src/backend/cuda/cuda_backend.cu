@@ -244,9 +244,10 @@ class cuda_backend final : public backend {
         p.spans = spans_dev_.get(), p.seqs = seqs_dev_.get(), p.n_spans = (int)spans.size();
         p.shape = batch_shape_, p.slot = slot;
         p.o = ws_gdn_o_.ensure((size_t)out.numel());
-        if (p.T - (p.n_spans - 1) > k_gdn_recur_max_rows)  // some span takes the prefill path
-            p.work = ws_gdn_work_.ensure(gdn_prefill_workspace_floats(p.T, p.Hk, p.Hv, p.dk, p.dv));
         p.chunked = mode != gdn_mode::recurrent;  // prompts in the chunk-parallel form unless told otherwise
+        for (const seq_span& sp : spans) p.max_span = std::max(p.max_span, (int)sp.n);
+        if (p.T - (p.n_spans - 1) > k_gdn_recur_max_rows)  // some span may take the prefill path (gdn_forward)
+            p.work = ws_gdn_work_.ensure(gdn_prefill_workspace_floats(p.T, p.Hk, p.Hv, p.dk, p.dv, p.chunked));
         p.out = f32(out);
         gdn_forward(p, stream_);
     }

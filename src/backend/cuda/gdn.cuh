@@ -33,10 +33,12 @@ struct gdn_params {
     dshape shape;
     int slot = 0;
     // workspace for the prefill path (spans of more than k_gdn_recur_max_rows rows), 16-byte aligned,
-    // gdn_prefill_workspace_floats(T, ...) floats: q^ [T, Hk*dk] | k^ [T, Hk*dk] | (beta, alpha) [Hv, T, 2],
-    // then for the chunked form (I+L)^-1 and A rows [Hv, T, 64] each
+    // gdn_prefill_workspace_floats(T, ..., chunked) floats: q^ [T, Hk*dk] | k^ [T, Hk*dk] | (beta, alpha)
+    // [Hv, T, 2] (the chunked form replaces alpha by the chunk's cumulative log decay gamma), then for the
+    // chunked form (I+L)^-1 and A rows [Hv, T, 64] each
     float* work = nullptr;
     bool chunked = true;  // prefill spans in the chunk-parallel form (MODEL.md §4.7), else token by token
+    int max_span = 0;     // rows of the longest span (0: T - (n_spans - 1), the most the tiling allows)
     // outputs
     float* o = nullptr;    // [T, Hv*dv] delta-rule output (before the gated norm); the prefill path stages v here
     float* out = nullptr;  // [T, Hv*dv] gated-normed
@@ -55,10 +57,11 @@ __host__ __device__ inline size_t gdn_work_chunk_offset(int64_t T, int64_t Hk, i
     return ((size_t)T * (size_t)(2 * Hk * dk + 2 * Hv) + 3) / 4 * 4;
 }
 
-// Floats of gdn_params::work for a batch of T rows (whatever the span lengths), the chunked form's included.
-// At the prefill chunk of 8192 rows of the real model: 136 MB + 134 MB.
-inline size_t gdn_prefill_workspace_floats(int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t /*dv*/) {
-    return gdn_work_chunk_offset(T, Hk, Hv, dk) + 2 * (size_t)Hv * (size_t)T * k_gdn_chunk;
+// Floats of gdn_params::work for a batch of T rows (whatever the span lengths). At the prefill chunk of 8192
+// rows of the real model: 136 MB, and 134 MB more for the chunked form.
+inline size_t gdn_prefill_workspace_floats(int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t /*dv*/,
+                                           bool chunked) {
+    return gdn_work_chunk_offset(T, Hk, Hv, dk) + (chunked ? 2 * (size_t)Hv * (size_t)T * k_gdn_chunk : 0);
 }
 
 // CPU twins: cpu::conv1d_silu, cpu::delta_rule_recurrent, cpu::gated_rms_norm.

@@ -1,6 +1,7 @@
 // Gated DeltaNet for prompt processing (MODEL.md §4.2-4.6), the path gdn_forward (gdn.cu) takes for spans of
-// more than k_gdn_recur_max_rows rows. fp32 throughout and the same math as recur_kernel in gdn.cu: the conv,
-// SiLU, norms and gates are bit-identical to it; the delta rule differs only in summation order.
+// more than k_gdn_recur_max_rows rows. fp32 throughout. The conv, SiLU, norms and gates are bit-identical to
+// recur_kernel in gdn.cu; the token scan (v1) differs from it only in summation order, the chunked form (v2,
+// the default) computes the same recurrence in the chunk-parallel form of MODEL.md §4.7.
 // v1 (gdn v2): two kernels.
 //  1. prep_kernel, one block of 128 threads per (8 rows, unit), unit = a key head (its 128 q and 128 k channels)
 //     or 128 v channels; fully parallel. Causal conv (K = 4) over the raw rows, the first K-1 rows of a span
@@ -536,7 +537,7 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
         for (int a = 0; a < 2; a++)
 #pragma unroll
             for (int e = 0; e < 4; e++) d[a][e] = 0.0f;
-        for (int s = 0; s < nc; s++) {
+        for (int s = 0, s_end = min(nc, rr + 33); s < s_end; s++) {  // Tinv is lower triangular
             const float4 r4 = *reinterpret_cast<const float4*>(sR + s * CTP + j0);
 #pragma unroll
             for (int a = 0; a < 2; a++) {
@@ -611,11 +612,12 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream) {
         case 4: launch_prep<4>(p, min_rows, stream); break;
         default: TANSY_ABORT("cuda deltanet prefill: conv kernel %d", p.K);
     }
-    if (p.chunked) {
+    // the chunked form needs 146 KB of shared memory per block (sm_80/90; sm_86/89 offer 99 KB: token scan)
+    if (p.chunked && max_dynamic_smem() >= CSCAN_SMEM) {
         allow_dynamic_smem<chunk_kernel>(CHUNK_SMEM);
         allow_dynamic_smem<chunk_scan_kernel>(CSCAN_SMEM);
-        // chunks of the longest possible span (a block past its own span's end returns at once)
-        const int max_chunks = (p.T - (p.n_spans - 1) + CC - 1) / CC;
+        // chunks of the longest span (a block past its own span's end returns at once)
+        const int max_chunks = ((p.max_span > 0 ? p.max_span : p.T - (p.n_spans - 1)) + CC - 1) / CC;
         chunk_kernel<<<dim3((unsigned)max_chunks, (unsigned)p.Hv, (unsigned)p.n_spans), CH_THREADS, CHUNK_SMEM, stream>>>(
             p, min_rows);
         CUDA_CHECK_LAUNCH();
