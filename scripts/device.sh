@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build + test + bench on the GPU machine in one go (the device tool runs it in a copy of this tree, with
 # .carry from scripts/prepare-device-carry.sh). Results land in $OUT (or ./device-out).
-#   scripts/device.sh [test|bench|all|gtest|profile|detail|source|tokenizer] [extra bench args...]
+#   scripts/device.sh [test|bench|all|gtest|profile|detail|source|gdn-check|tokenizer] [extra bench args...]
 #   gtest: FILTER='cuda_gemm*' [MEMCHECK=1] scripts/device.sh gtest
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +74,20 @@ if [ "$what" = source ]; then
   ncu -i /tmp/src.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2>&1
   gzip -c /tmp/src.csv > "$OUT/source-$(echo "${KERNEL:-gemv_stream_kernel}" | tr -c 'a-zA-Z0-9_\n' _).csv.gz"
   python3 scripts/ncu_source.py /tmp/src.csv ${TOP:-40} || head -c 3000 /tmp/src.csv
+fi
+if [ "$what" = gdn-check ]; then
+  # the chunked DeltaNet prefill in one call: its tests under memcheck, racecheck and initcheck, then prefill
+  # A/B against the token scan (2K, 8K, 128K: tok/s and peak memory)
+  f='cuda_gdn_prefill*'
+  for tool in memcheck racecheck initcheck; do
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 build-dev/tests/tansy_cuda_tests --gtest_filter="$f" \
+      > "$OUT/$tool.log" 2>&1 && echo "$tool: clean" || { echo "$tool: FAILED"; grep -E "FAILED|Failure|ERROR|Expected|Which is" "$OUT/$tool.log" | head -20; rc=1; }
+  done
+  for form in chunked recurrent; do
+    echo "== --deltanet $form"
+    timeout 200 build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
+      --contexts none --batches none --prompts ${GDN_PROMPTS:-2048,8192,131072} --deltanet $form 2>&1 | tail -7
+  done
 fi
 if [ "$what" = tokenizer ] || [ "$what" = all ]; then
   # encode speed on this machine's CPU, ours vs Hugging Face tokenizers (installed here), same text and ids
