@@ -67,10 +67,14 @@ if [ "$what" = detail ]; then
 fi
 if [ "$what" = source ]; then
   # per-SASS-line stall samples and execution counts of one launch of the decode kernel $KERNEL (regex)
+  # (with $PROFILE_PROMPT: a launch of the prefill of a prompt of that many tokens instead)
+  work="--contexts ${PROFILE_CONTEXT:-2048} --batches ${PROFILE_BATCHES:-none} --prompts none --steps 4"
+  [ -n "${PROFILE_PROMPT:-}" ] && work="--contexts none --batches none --prompts $PROFILE_PROMPT"
   ncu --clock-control none --graph-profiling node -k regex:"${KERNEL:-gemv_stream_kernel}" --launch-skip ${SKIP:-120} \
-    --launch-count 1 --section SourceCounters --section WarpStateStats --import-source no -f -o /tmp/src \
+    --launch-count 1 --section SourceCounters --section WarpStateStats --section SpeedOfLight --import-source no -f -o /tmp/src \
     build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
-    --contexts ${PROFILE_CONTEXT:-2048} --batches ${PROFILE_BATCHES:-none} --prompts none --steps 4 --runs 1 --warmup 0 > /dev/null 2>&1
+    $work --runs 1 --warmup 0 "$@" > /dev/null 2>&1
+  ncu -i /tmp/src.ncu-rep --page details 2>&1 | grep -E "Duration|Throughput|Warp Cycles|Issued Ipc|Stall|Pipe|Active" | head -30
   ncu -i /tmp/src.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2>&1
   gzip -c /tmp/src.csv > "$OUT/source-$(echo "${KERNEL:-gemv_stream_kernel}" | tr -c 'a-zA-Z0-9_\n' _).csv.gz"
   python3 scripts/ncu_source.py /tmp/src.csv ${TOP:-40} || head -c 3000 /tmp/src.csv

@@ -18,7 +18,8 @@ namespace {
 
 // fp32 on both sides, as TOL_FP32_OP of test_ops.cpp. The CPU evaluates spans of more than one row in the
 // chunked form (MODEL.md §4.7); the GPU in the chunked form too (by default: an explicit inverse of I + L where
-// the CPU substitutes, other summation orders) or token by token. On these very steps the CPU's two forms
+// the CPU substitutes, other summation orders, matrix products in 3xTF32 at ~2^-20 relative per product) or
+// token by token. On these very steps the CPU's two forms
 // differ by <= 6.3e-7 (measured), so 2e-5 leaves room for the device's exp/rsqrt and the state's error
 // carried into later steps (the update is a contraction: it does not grow with span length).
 constexpr double TOL_GDN_PREFILL = 2e-5;

@@ -1,7 +1,8 @@
 // Gated DeltaNet for prompt processing (MODEL.md §4.2-4.6), the path gdn_forward (gdn.cu) takes for spans of
-// more than k_gdn_recur_max_rows rows. fp32 throughout. The conv, SiLU, norms and gates are bit-identical to
-// recur_kernel in gdn.cu; the token scan (v1) differs from it only in summation order, the chunked form (v2,
-// the default) computes the same recurrence in the chunk-parallel form of MODEL.md §4.7.
+// more than k_gdn_recur_max_rows rows. fp32 (the chunked form's matrix products in 3xTF32, near-fp32). The conv,
+// SiLU, norms and gates are bit-identical to recur_kernel in gdn.cu; the token scan (v1) differs from it only
+// in summation order, the chunked form (v2, the default) computes the same recurrence in the chunk-parallel
+// form of MODEL.md §4.7.
 // v1 (gdn v2): two kernels.
 //  1. prep_kernel, one block of 128 threads per (8 rows, unit), unit = a key head (its 128 q and 128 k channels)
 //     or 128 v channels; fully parallel. Causal conv (K = 4) over the raw rows, the first K-1 rows of a span
@@ -25,7 +26,7 @@
 //     one prompt, less per token with several long spans in the batch (2 blocks per SM hide each other).
 //     note: 2 columns x 16 rows per lane would halve the k^/q^ reads from shared memory (if LDS.128
 //     broadcasts turn out to be the limit) at the cost of a longer shuffle chain; the next step beyond that
-//     is the chunked tensor-core form (MODEL.md §4.7).
+//     is the chunked tensor-core form (MODEL.md §4.7), below.
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
@@ -299,52 +300,74 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params 
 
 // ------------------------------------------------------------------------------------------------ chunked
 
-// v2 (gdn v3): the chunk-parallel form (MODEL.md §4.7, the CPU twin's cpu::delta_rule_chunked), fp32, chunks of
-// CC = 64 rows from each span's start (as the twin cuts them).
+// v2 (gdn v3): the chunk-parallel form (MODEL.md §4.7, the CPU twin's cpu::delta_rule_chunked), chunks of
+// CC = 64 rows from each span's start (as the twin cuts them). The matrix products run on the tensor cores in
+// 3xTF32 (mma.cuh: fp32-accurate, the test holds it to the fp32 tolerance); the recurrences in fp32.
 //  3. chunk_kernel, one block of 256 threads per (chunk, value head, span), fully parallel: gamma (cumulative
-//     log decay, into the alpha slot of (beta, alpha): the scan reads it there), the strictly-lower
-//     L = beta_r (k_r.k_s) e^(gamma_r - gamma_s), the unit-lower inverse Tinv = (I + L)^-1 (row by row, one
-//     column per thread of two warps), and A = (q_r.k_s) e^(gamma_r - gamma_s) on and below the diagonal; Tinv
-//     and A rows go to the workspace as [Hv, T, 64].
+//     log decay, into the alpha slot of (beta, alpha): the scan reads it there); k.k and q.k on and below the
+//     diagonal (8 warps, 16 x 8 tiles); the strictly-lower L = beta_r (k_r.k_s) e^(gamma_r - gamma_s) and
+//     A = (q_r.k_s) e^(gamma_r - gamma_s); the unit-lower inverse Tinv = (I + L)^-1 by forward substitution,
+//     one column per thread of two warps, held in registers (column j needs only its own earlier rows, so
+//     no barrier per row). Tinv and A rows go to the workspace as [Hv, T, 64].
 //  4. chunk_scan_kernel, one block of 256 threads per (span, value head, 32 value columns), walks the span's
-//     chunks with the state slice (128 x 32) in registers (16 values per thread) and a copy in shared memory:
-//     R = beta V - beta e^gamma (K S), Delta = Tinv R, O = e^gamma (Q S) + A Delta,
-//     S = e^gamma_last S + (K e^(gamma_last - gamma))^T Delta (~4.1 k FMA per thread and chunk).
+//     chunks with the state slice (128 x 32) in mma accumulators (warp w: key rows 16w .. 16w+15) and a copy
+//     in shared memory as the next chunk's B operand:
+//       K S (warps 0-3) and Q S (warps 4-7), 64 x 128 x 32;  R = beta V - beta e^gamma (K S);
+//       Delta = Tinv R (64 x 64 x 32, lower triangular: k-steps up to the diagonal block);
+//       O = e^gamma (Q S) + A Delta (warps 4-7, on their Q S accumulators);
+//       S = e^gamma_last S + (K e^(gamma_last - gamma))^T Delta (128 x 64 x 32, every warp its 16 rows).
+//     Four barriers per chunk. Rows past a span's end are zero in every staged operand (and beta, the decay
+//     weights and gates are forced to 0 there), so full 64-row tiles need no masks.
 //  Delta = Tinv R is the twin's U - W S: U = Tinv (beta V) and W = Tinv (beta e^gamma K).
-//  note: CUDA cores only; the four products are tensor-core shaped (64 x 128 x 32 and 64 x 64 x 32), the
-//  next step once this form is measured.
+//  Shared-memory strides: KP and MP (= 4 mod 32) make row-major A fragments (rows g, columns t) conflict-free;
+//  RP (= 8 mod 32) does the same for B fragments read as [k][n] (rows t, columns g). K read transposed (the
+//  state update's A) takes 2-way conflicts.
 constexpr int CC = k_gdn_chunk;
 constexpr int CH_THREADS = 256;
-constexpr int KP = DK + 4;   // staged k^/q^ row stride in floats: rows 4 banks apart, float4 aligned
-constexpr int MP = CC + 4;   // staged 64-wide matrix rows
+constexpr int KP = DK + 4;   // staged k^/q^ rows
+constexpr int MP = CC + 4;   // staged 64-wide matrix rows (L, Tinv, A)
 constexpr int CT = 32;       // value columns per scan block
-constexpr int CTP = CT + 4;  // their row stride
-static_assert(CC == 64 && CH_THREADS == 256 && DK == 128, "the thread mappings below");
-constexpr size_t CHUNK_SMEM = (size_t)(2 * CC * KP + 2 * CC * MP) * sizeof(float);                // 102 KB
-constexpr size_t CSCAN_SMEM = (size_t)(2 * CC * KP + 3 * CC * CTP + 2 * CC * MP + DK * CTP + 2 * CC) * sizeof(float);  // 149 KB
+constexpr int RP = CT + 8;   // rows of the 32-column operands (v, R, Delta, the state)
+static_assert(CC == 64 && CH_THREADS == 256 && DK == 128 && CT == 32, "the warp tilings below");
+constexpr size_t CHUNK_SMEM = (size_t)(2 * CC * KP + CC * MP) * sizeof(float);  // 85 KB: two blocks per SM
+constexpr size_t CSCAN_SMEM = (size_t)(2 * CC * KP + 3 * CC * RP + 2 * CC * MP + DK * RP + 2 * CC) * sizeof(float);  // 154 KB
 
 __device__ __forceinline__ float* work_tinv(const gdn_params& p) {
     return p.work + gdn_work_chunk_offset(p.T, p.Hk, p.Hv, DK);
 }
 __device__ __forceinline__ float* work_amat(const gdn_params& p) { return work_tinv(p) + (int64_t)p.Hv * p.T * CC; }
 
-__device__ __forceinline__ float dot4(const float4 a, const float4 b, float acc) {
-    return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
+// A fragment of rows r0 and r0 + 8 at column c of a row-major matrix of stride `ld` (c and c + 4).
+__device__ __forceinline__ tf32_a frag_a_rows(const float* m, int ld, int r0, int c) {
+    const float* p = m + r0 * ld + c;
+    return split_a(p[0], p[8 * ld], p[4], p[8 * ld + 4]);
 }
-__device__ __forceinline__ float comp(const float4 v, int e) { return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w; }
+// B fragment of a [k][n] matrix of stride `ld`: rows k and k + 4 of column n.
+__device__ __forceinline__ tf32_b frag_b_rows(const float* m, int ld, int k, int n) {
+    return split_b(m[k * ld + n], m[(k + 4) * ld + n]);
+}
+// B fragment of the transpose of a row-major matrix: B[k][n] = m[n][k].
+__device__ __forceinline__ tf32_b frag_b_cols(const float* m, int ld, int k, int n) {
+    return split_b(m[n * ld + k], m[n * ld + k + 4]);
+}
+// Stores an accumulator tile (rows r0, r0 + 8; columns c, c + 1) to a row-major matrix of stride `ld`.
+__device__ __forceinline__ void store_acc(float* m, int ld, int r0, int c, const float (&acc)[4]) {
+    *reinterpret_cast<float2*>(m + r0 * ld + c) = make_float2(acc[0], acc[1]);
+    *reinterpret_cast<float2*>(m + (r0 + 8) * ld + c) = make_float2(acc[2], acc[3]);
+}
 
-__global__ void __launch_bounds__(CH_THREADS) chunk_kernel(const gdn_params p, int min_rows) {
+__global__ void __launch_bounds__(CH_THREADS, 2) chunk_kernel(const gdn_params p, int min_rows) {
     extern __shared__ float4 smem_[];
     float* sk = reinterpret_cast<float*>(smem_);  // [CC][KP] k^ rows of the chunk (zeros past its end)
     float* sq = sk + CC * KP;                     // [CC][KP] q^
     float* sL = sq + CC * KP;                     // [CC][MP] L
-    float* sT = sL + CC * MP;                     // [CC][MP] Tinv
     __shared__ float s_gam[CC], s_beta[CC];
     const dspan sp = p.spans[blockIdx.z];
     const int c0 = blockIdx.x * CC;
     if (sp.n < min_rows || c0 >= sp.n) return;  // block-uniform
     const int nc = min(CC, sp.n - c0), h = blockIdx.y, kh = h / (p.Hv / p.Hk), row0 = sp.row0 + c0;
     const int tid = threadIdx.x, kd = p.Hk * DK;
+    const int w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     const float *wq = work_q(p), *wk = work_k(p);
     float* wg = work_g(p);
 
@@ -352,24 +375,22 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_kernel(const gdn_params p, i
     //    it, gamma = its running sum in row order
     for (int i = tid; i < CC * (DK / 4); i += CH_THREADS) {
         const int r = i / (DK / 4), c4 = (i % (DK / 4)) * 4;
-        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), qv = kv;
-        if (r < nc) {
-            const int64_t src = (int64_t)(row0 + r) * kd + kh * DK + c4;
-            kv = *reinterpret_cast<const float4*>(wk + src), qv = *reinterpret_cast<const float4*>(wq + src);
-        }
-        *reinterpret_cast<float4*>(sk + r * KP + c4) = kv;
-        *reinterpret_cast<float4*>(sq + r * KP + c4) = qv;
+        const int64_t src = (int64_t)(row0 + min(r, nc - 1)) * kd + kh * DK + c4;
+        cp_async16_zfill(sk + r * KP + c4, wk + src, r < nc);
+        cp_async16_zfill(sq + r * KP + c4, wq + src, r < nc);
     }
+    cp_async_commit();
     if (tid < CC) {
-        float g = 0.0f, beta = 0.0f;
+        float gate = 0.0f, beta = 0.0f;
         if (tid < nc) {
             const int64_t row = row0 + tid;
             const float A = -expf(p.A_log[h]);
-            g = A * gdn_softplus(p.a[row * p.Hv + h] + p.dt_bias[h]);
+            gate = A * gdn_softplus(p.a[row * p.Hv + h] + p.dt_bias[h]);
             beta = wg[((int64_t)h * p.T + row) * 2];
         }
-        s_gam[tid] = g, s_beta[tid] = beta;
+        s_gam[tid] = gate, s_beta[tid] = beta;
     }
+    cp_async_wait<0>();
     __syncthreads();
     if (tid == 0) {
         float acc = 0.0f;
@@ -378,65 +399,66 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_kernel(const gdn_params p, i
     __syncthreads();
     if (tid < nc) wg[((int64_t)h * p.T + row0 + tid) * 2 + 1] = s_gam[tid];
 
-    // 2. k.k and q.k for rows r = tr + 16 j against rows s = ts + 16 m (a 4 x 4 tile per thread), then L and A
-    const int tr = tid / 16, ts = tid % 16;
-    float kk[4][4], qk[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int m = 0; m < 4; m++) kk[j][m] = qk[j][m] = 0.0f;
-    for (int i = 0; i < DK; i += 4) {
-        float4 kr[4], qr[4], ks[4];
+    // 2. k.k and q.k: warp w takes rows 16 (w/2) .. + 15 and the column tiles 8 (w%2 + 2 j), j < 4, computing
+    //    those that reach the diagonal; then L (shared memory) and A (the workspace; zeros above the diagonal)
+    const int mt = w / 2, r0 = 16 * mt + g;
+    float kk[4][4] = {}, qk[4][4] = {};
+#pragma unroll 4
+    for (int kb = 0; kb < DK; kb += 8) {
+        const tf32_a ak = frag_a_rows(sk, KP, r0, kb + t), aq = frag_a_rows(sq, KP, r0, kb + t);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            kr[j] = *reinterpret_cast<const float4*>(sk + (tr + 16 * j) * KP + i);
-            qr[j] = *reinterpret_cast<const float4*>(sq + (tr + 16 * j) * KP + i);
-            ks[j] = *reinterpret_cast<const float4*>(sk + (ts + 16 * j) * KP + i);
+            const int nt = w % 2 + 2 * j;
+            if (8 * nt > 16 * mt + 15) continue;  // above the diagonal (warp-uniform)
+            const tf32_b b = frag_b_cols(sk, KP, kb + t, 8 * nt + g);
+            mma_tf32x3(kk[j], ak, b);
+            mma_tf32x3(qk[j], aq, b);
         }
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int m = 0; m < 4; m++) kk[j][m] = dot4(kr[j], ks[m], kk[j][m]), qk[j][m] = dot4(qr[j], ks[m], qk[j][m]);
     }
     float* amat = work_amat(p) + ((int64_t)h * p.T + row0) * CC;
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < 4; j++) {
+        const int c = 8 * (w % 2 + 2 * j) + 2 * t;
+        float l[4], a[4];
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-            const int r = tr + 16 * j, s = ts + 16 * m;
-            float l = 0.0f, a = 0.0f;
+        for (int e = 0; e < 4; e++) {
+            const int r = r0 + 8 * (e / 2), s = c + e % 2;
+            l[e] = a[e] = 0.0f;
             if (s <= r) {
                 const float decay = expf(s_gam[r] - s_gam[s]);
-                if (s < r) l = s_beta[r] * kk[j][m] * decay;
-                a = qk[j][m] * decay;
+                if (s < r) l[e] = s_beta[r] * kk[j][e] * decay;
+                a[e] = qk[j][e] * decay;
             }
-            sL[r * MP + s] = l;
-            if (r < nc) amat[(int64_t)r * CC + s] = a;
         }
-    __syncthreads();
-
-    // 3. Tinv = (I + L)^-1 by rows: Tinv_r = e_r - sum_{s<r} L_rs Tinv_s. Column j needs only column j's
-    //    earlier rows (Tinv_sj = 0 for j > s), so thread j < 64 computes it alone, no barrier per row; four
-    //    partial sums shorten the dependent chain. Rows past nc come out as e_r (their L rows are 0), not stored.
-    if (tid < CC) {
-        const int j = tid;
-        for (int r = 0; r < CC; r++) {
-            const float* Lr = sL + r * MP;
-            float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
-            int s = j;
-            for (; s + 3 < r; s += 4) {
-                v0 = fmaf(Lr[s], sT[s * MP + j], v0), v1 = fmaf(Lr[s + 1], sT[(s + 1) * MP + j], v1);
-                v2 = fmaf(Lr[s + 2], sT[(s + 2) * MP + j], v2), v3 = fmaf(Lr[s + 3], sT[(s + 3) * MP + j], v3);
-            }
-            for (; s < r; s++) v0 = fmaf(Lr[s], sT[s * MP + j], v0);
-            sT[r * MP + j] = j < r ? -((v0 + v1) + (v2 + v3)) : j == r ? 1.0f : 0.0f;
-        }
+        store_acc(sL, MP, r0, c, l);
+        if (r0 < nc) *reinterpret_cast<float2*>(amat + (int64_t)r0 * CC + c) = make_float2(a[0], a[1]);
+        if (r0 + 8 < nc) *reinterpret_cast<float2*>(amat + (int64_t)(r0 + 8) * CC + c) = make_float2(a[2], a[3]);
     }
     __syncthreads();
-    float* tinv = work_tinv(p) + ((int64_t)h * p.T + row0) * CC;
-    for (int e = tid; e < nc * (CC / 4); e += CH_THREADS) {
-        const int r = e / (CC / 4), c4 = (e % (CC / 4)) * 4;
-        *reinterpret_cast<float4*>(tinv + (int64_t)r * CC + c4) = *reinterpret_cast<const float4*>(sT + r * MP + c4);
+
+    // 3. Tinv = (I + L)^-1 by rows: Tinv_r = e_r - sum_{s<r} L_rs Tinv_s; thread j < 64 holds column j
+    //    (Tinv_sj = 0 for s < j comes out of the same sums). Every L_rs read is the same address across the
+    //    warp (a broadcast). Rows past nc come out as e_r (their L rows are 0) and are not stored.
+    if (tid < CC) {
+        const int j = tid;
+        float col[CC];
+#pragma unroll
+        for (int r = 0; r < CC; r++) {
+            float acc0 = 0.0f, acc1 = 0.0f;  // two partial sums: the later one ends the dependent chain sooner
+#pragma unroll
+            for (int s4 = 0; s4 < r; s4 += 4) {
+                const float4 l4 = *reinterpret_cast<const float4*>(sL + r * MP + s4);
+                acc0 = fmaf(l4.x, col[s4], acc0);
+                if (s4 + 1 < r) acc1 = fmaf(l4.y, col[s4 + 1], acc1);
+                if (s4 + 2 < r) acc0 = fmaf(l4.z, col[s4 + 2], acc0);
+                if (s4 + 3 < r) acc1 = fmaf(l4.w, col[s4 + 3], acc1);
+            }
+            col[r] = r == j ? 1.0f : -(acc0 + acc1);
+        }
+        float* tinv = work_tinv(p) + ((int64_t)h * p.T + row0) * CC + j;
+#pragma unroll
+        for (int r = 0; r < CC; r++)
+            if (r < nc) tinv[(int64_t)r * CC] = col[r];
     }
 }
 
@@ -444,27 +466,30 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
     extern __shared__ float4 smem_[];
     float* sk = reinterpret_cast<float*>(smem_);  // [CC][KP] k^
     float* sq = sk + CC * KP;                     // [CC][KP] q^
-    float* sv = sq + CC * KP;                     // [CC][CTP] v (the block's columns)
-    float* sR = sv + CC * CTP;                    // [CC][CTP] R
-    float* sD = sR + CC * CTP;                    // [CC][CTP] Delta
-    float* sT = sD + CC * CTP;                    // [CC][MP] Tinv
+    float* sv = sq + CC * KP;                     // [CC][RP] v (the block's columns)
+    float* sR = sv + CC * RP;                     // [CC][RP] R
+    float* sD = sR + CC * RP;                     // [CC][RP] Delta
+    float* sT = sD + CC * RP;                     // [CC][MP] Tinv
     float* sA = sT + CC * MP;                     // [CC][MP] A
-    float* sS = sA + CC * MP;                     // [DK][CTP] the state slice
-    float* sg = sS + DK * CTP;                    // [CC][2] (beta, gamma)
-    __shared__ float s_el[CC];                    // e^(gamma_last - gamma_r)
+    float* sS = sA + CC * MP;                     // [DK][RP] the state slice
+    float* sg = sS + DK * RP;                     // [CC][2] (beta, gamma)
+    __shared__ float s_el[CC];                    // e^(gamma_last - gamma_r), 0 past the chunk's end
     const dspan sp = p.spans[blockIdx.x];
     if (sp.n < min_rows) return;
     const int h = blockIdx.y, col0 = blockIdx.z * CT, kh = h / (p.Hv / p.Hk), tid = threadIdx.x, kd = p.Hk * DK;
+    const int w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     const int64_t vd = (int64_t)p.Hv * p.dv;
     const float *wq = work_q(p), *wk = work_k(p), *wg = work_g(p), *tinv = work_tinv(p), *amat = work_amat(p);
-    // this thread: state rows si + 32 m (m < 4), rows rr and rr + 32 of the chunk, columns j0 .. j0 + 3
-    const int si = tid / 8, rr = tid / 8, j0 = 4 * (tid % 8);
-    float* S = s_buf(p.seqs[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0 + j0;
+    // the state in accumulator layout: warp w, key rows 16w + g and + 8, columns 8 nt + 2t and + 1 (nt < 4)
+    float* S = s_buf(p.seqs[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0;
+    const int srow = 16 * w + g;
     float st[4][4];
 #pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) st[m][e] = S[(int64_t)(si + 32 * m) * p.dv + e];
+    for (int nt = 0; nt < 4; nt++) {
+        const float2 lo = *reinterpret_cast<const float2*>(S + (int64_t)srow * p.dv + 8 * nt + 2 * t);
+        const float2 hi = *reinterpret_cast<const float2*>(S + (int64_t)(srow + 8) * p.dv + 8 * nt + 2 * t);
+        st[nt][0] = lo.x, st[nt][1] = lo.y, st[nt][2] = hi.x, st[nt][3] = hi.y;
+    }
 
     for (int c0 = 0; c0 < sp.n; c0 += CC) {
         const int nc = min(CC, sp.n - c0), row0 = sp.row0 + c0;
@@ -477,7 +502,7 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
         }
         for (int i = tid; i < CC * (CT / 4); i += CH_THREADS) {
             const int r = i / (CT / 4), c4 = (i % (CT / 4)) * 4;
-            cp_async16_zfill(sv + r * CTP + c4, p.o + (int64_t)(row0 + min(r, nc - 1)) * vd + h * p.dv + col0 + c4, r < nc);
+            cp_async16_zfill(sv + r * RP + c4, p.o + (int64_t)(row0 + min(r, nc - 1)) * vd + h * p.dv + col0 + c4, r < nc);
         }
         for (int i = tid; i < CC * (CC / 4); i += CH_THREADS) {
             const int r = i / (CC / 4), c4 = (i % (CC / 4)) * 4;
@@ -485,107 +510,103 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
             cp_async16_zfill(sT + r * MP + c4, tinv + src, r < nc);
             cp_async16_zfill(sA + r * MP + c4, amat + src, r < nc);
         }
-        for (int t = tid; t < nc; t += CH_THREADS) cp_async8(sg + 2 * t, wg + ((int64_t)h * p.T + row0 + t) * 2);
+        for (int r = tid; r < nc; r += CH_THREADS) cp_async8(sg + 2 * r, wg + ((int64_t)h * p.T + row0 + r) * 2);
         cp_async_commit();
 #pragma unroll
-        for (int m = 0; m < 4; m++)
-            *reinterpret_cast<float4*>(sS + (si + 32 * m) * CTP + j0) = make_float4(st[m][0], st[m][1], st[m][2], st[m][3]);
+        for (int nt = 0; nt < 4; nt++) store_acc(sS, RP, srow, 8 * nt + 2 * t, st[nt]);
         cp_async_wait<0>();
         __syncthreads();
         const float g_last = sg[2 * (nc - 1) + 1];
-        if (tid < nc) s_el[tid] = expf(g_last - sg[2 * tid + 1]);
+        if (tid < CC) s_el[tid] = tid < nc ? expf(g_last - sg[2 * tid + 1]) : 0.0f;
 
-        // 1. K S and Q S for rows rr, rr + 32
-        float ks[2][4], qs[2][4];
+        // 1. K S (warps 0-3) and Q S (warps 4-7) for chunk rows r0 and r0 + 8
+        const int r0 = 16 * (w % 4) + g;
+        const float* src = w < 4 ? sk : sq;
+        float acc[4][4] = {};
 #pragma unroll
-        for (int a = 0; a < 2; a++)
+        for (int kb = 0; kb < DK; kb += 8) {
+            const tf32_a a = frag_a_rows(src, KP, r0, kb + t);
 #pragma unroll
-            for (int e = 0; e < 4; e++) ks[a][e] = qs[a][e] = 0.0f;
-        for (int i = 0; i < DK; i += 4) {
-            float4 k4[2], q4[2];
+            for (int nt = 0; nt < 4; nt++) mma_tf32x3(acc[nt], a, frag_b_rows(sS, RP, kb + t, 8 * nt + g));
+        }
+        // the row factors: beta and e^gamma, 0 past the chunk's end (sg is not staged there)
+        float beta[2], eg[2];
 #pragma unroll
-            for (int a = 0; a < 2; a++) {
-                k4[a] = *reinterpret_cast<const float4*>(sk + (rr + 32 * a) * KP + i);
-                q4[a] = *reinterpret_cast<const float4*>(sq + (rr + 32 * a) * KP + i);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float4 s4 = *reinterpret_cast<const float4*>(sS + (i + e) * CTP + j0);
-#pragma unroll
-                for (int a = 0; a < 2; a++) {
-                    const float kc = comp(k4[a], e), qc = comp(q4[a], e);
-                    ks[a][0] = fmaf(kc, s4.x, ks[a][0]), ks[a][1] = fmaf(kc, s4.y, ks[a][1]);
-                    ks[a][2] = fmaf(kc, s4.z, ks[a][2]), ks[a][3] = fmaf(kc, s4.w, ks[a][3]);
-                    qs[a][0] = fmaf(qc, s4.x, qs[a][0]), qs[a][1] = fmaf(qc, s4.y, qs[a][1]);
-                    qs[a][2] = fmaf(qc, s4.z, qs[a][2]), qs[a][3] = fmaf(qc, s4.w, qs[a][3]);
-                }
-            }
+        for (int e = 0; e < 2; e++) {
+            const int r = r0 + 8 * e;
+            beta[e] = r < nc ? sg[2 * r] : 0.0f, eg[e] = r < nc ? expf(sg[2 * r + 1]) : 0.0f;
         }
         // 2. R = beta V - beta e^gamma (K S)
+        if (w < 4) {
 #pragma unroll
-        for (int a = 0; a < 2; a++) {
-            const int r = rr + 32 * a;
-            if (r >= nc) continue;  // never read (Delta's sum runs over s < nc)
-            const float b = sg[2 * r], bg = b * expf(sg[2 * r + 1]);
+            for (int nt = 0; nt < 4; nt++) {
+                const int c = 8 * nt + 2 * t;
+                float rv[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) sR[r * CTP + j0 + e] = fmaf(-bg, ks[a][e], b * sv[r * CTP + j0 + e]);
-        }
-        __syncthreads();
-        // 3. Delta = Tinv R
-        float d[2][4];
-#pragma unroll
-        for (int a = 0; a < 2; a++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) d[a][e] = 0.0f;
-        for (int s = 0, s_end = min(nc, rr + 33); s < s_end; s++) {  // Tinv is lower triangular
-            const float4 r4 = *reinterpret_cast<const float4*>(sR + s * CTP + j0);
-#pragma unroll
-            for (int a = 0; a < 2; a++) {
-                const float t = sT[(rr + 32 * a) * MP + s];
-                d[a][0] = fmaf(t, r4.x, d[a][0]), d[a][1] = fmaf(t, r4.y, d[a][1]);
-                d[a][2] = fmaf(t, r4.z, d[a][2]), d[a][3] = fmaf(t, r4.w, d[a][3]);
+                for (int e = 0; e < 4; e++) {
+                    const int r = r0 + 8 * (e / 2);
+                    rv[e] = beta[e / 2] * fmaf(-eg[e / 2], acc[nt][e], sv[r * RP + c + e % 2]);
+                }
+                store_acc(sR, RP, r0, c, rv);
             }
         }
-#pragma unroll
-        for (int a = 0; a < 2; a++)
-            *reinterpret_cast<float4*>(sD + (rr + 32 * a) * CTP + j0) = make_float4(d[a][0], d[a][1], d[a][2], d[a][3]);
         __syncthreads();
-        // 4. O = e^gamma (Q S) + A Delta, into p.o (this chunk's v rows are staged already)
+        // 3. Delta = Tinv R: warp w, rows 16 (w/2) .. + 15, column tiles 2 (w%2) and + 1
+        {
+            const int mt = w / 2, dr = 16 * mt + g;
+            float d[2][4] = {};
+            for (int kb16 = 0; kb16 <= 16 * mt; kb16 += 16)
 #pragma unroll
-        for (int a = 0; a < 2; a++) {
-            const int r = rr + 32 * a;
-            if (r >= nc) continue;
-            const float eg = expf(sg[2 * r + 1]);
-            float o[4] = {eg * qs[a][0], eg * qs[a][1], eg * qs[a][2], eg * qs[a][3]};
-            for (int s = 0; s <= r; s++) {
-                const float4 d4 = *reinterpret_cast<const float4*>(sD + s * CTP + j0);
-                const float av = sA[r * MP + s];
-                o[0] = fmaf(av, d4.x, o[0]), o[1] = fmaf(av, d4.y, o[1]), o[2] = fmaf(av, d4.z, o[2]), o[3] = fmaf(av, d4.w, o[3]);
-            }
-            *reinterpret_cast<float4*>(p.o + (int64_t)(row0 + r) * vd + h * p.dv + col0 + j0) = make_float4(o[0], o[1], o[2], o[3]);
+                for (int kb = kb16; kb < kb16 + 16; kb += 8) {
+                    const tf32_a a = frag_a_rows(sT, MP, dr, kb + t);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) mma_tf32x3(d[j], a, frag_b_rows(sR, RP, kb + t, 8 * (2 * (w % 2) + j) + g));
+                }
+#pragma unroll
+            for (int j = 0; j < 2; j++) store_acc(sD, RP, dr, 8 * (2 * (w % 2) + j) + 2 * t, d[j]);
         }
-        // 5. S = e^gamma_last S + sum_r (k_r e^(gamma_last - gamma_r)) Delta_r^T
+        __syncthreads();
+        // 4. O = e^gamma (Q S) + A Delta (warps 4-7), into p.o (this chunk's v rows are staged already)
+        if (w >= 4) {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[nt][e] *= eg[e / 2];
+            for (int kb16 = 0; kb16 <= 16 * (w - 4); kb16 += 16)
+#pragma unroll
+                for (int kb = kb16; kb < kb16 + 16; kb += 8) {
+                    const tf32_a a = frag_a_rows(sA, MP, r0, kb + t);
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) mma_tf32x3(acc[nt], a, frag_b_rows(sD, RP, kb + t, 8 * nt + g));
+                }
+            float* o = p.o + (int64_t)(row0 + r0) * vd + h * p.dv + col0 + 2 * t;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                if (r0 < nc) *reinterpret_cast<float2*>(o + 8 * nt) = make_float2(acc[nt][0], acc[nt][1]);
+                if (r0 + 8 < nc) *reinterpret_cast<float2*>(o + 8 * vd + 8 * nt) = make_float2(acc[nt][2], acc[nt][3]);
+            }
+        }
+        // 5. S = e^gamma_last S + (K e^(gamma_last - gamma))^T Delta: A[i][r] = k_r[i] e^(gamma_last - gamma_r)
         const float el = expf(g_last);
 #pragma unroll
-        for (int m = 0; m < 4; m++)
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) st[m][e] *= el;
-        for (int r = 0; r < nc; r++) {
-            const float4 d4 = *reinterpret_cast<const float4*>(sD + r * CTP + j0);
-            const float w = s_el[r];
+            for (int e = 0; e < 4; e++) st[nt][e] *= el;
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                const float kv = sk[r * KP + si + 32 * m] * w;
-                st[m][0] = fmaf(kv, d4.x, st[m][0]), st[m][1] = fmaf(kv, d4.y, st[m][1]);
-                st[m][2] = fmaf(kv, d4.z, st[m][2]), st[m][3] = fmaf(kv, d4.w, st[m][3]);
-            }
+        for (int kb = 0; kb < CC; kb += 8) {
+            const float* kc = sk + (kb + t) * KP + srow;
+            const float e0 = s_el[kb + t], e1 = s_el[kb + t + 4];
+            const tf32_a a = split_a(kc[0] * e0, kc[8] * e0, kc[4 * KP] * e1, kc[4 * KP + 8] * e1);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) mma_tf32x3(st[nt], a, frag_b_rows(sD, RP, kb + t, 8 * nt + g));
         }
         __syncthreads();  // everyone is done with this chunk's staging before the next one overwrites it
     }
 #pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) S[(int64_t)(si + 32 * m) * p.dv + e] = st[m][e];
+    for (int nt = 0; nt < 4; nt++) {
+        *reinterpret_cast<float2*>(S + (int64_t)srow * p.dv + 8 * nt + 2 * t) = make_float2(st[nt][0], st[nt][1]);
+        *reinterpret_cast<float2*>(S + (int64_t)(srow + 8) * p.dv + 8 * nt + 2 * t) = make_float2(st[nt][2], st[nt][3]);
+    }
 }
 
 template <int K>
@@ -612,7 +633,7 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream) {
         case 4: launch_prep<4>(p, min_rows, stream); break;
         default: TANSY_ABORT("cuda deltanet prefill: conv kernel %d", p.K);
     }
-    // the chunked form needs 146 KB of shared memory per block (sm_80/90; sm_86/89 offer 99 KB: token scan)
+    // the chunked form needs 154 KB of shared memory per block (sm_80/90; sm_86/89 offer 99 KB: token scan)
     if (p.chunked && max_dynamic_smem() >= CSCAN_SMEM) {
         allow_dynamic_smem<chunk_kernel>(CHUNK_SMEM);
         allow_dynamic_smem<chunk_scan_kernel>(CSCAN_SMEM);

@@ -45,6 +45,47 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
     mma_16816<true>(c, a, b0, b1);
 }
 
+// 3xTF32 (near-fp32 products on the tensor cores): x = hi + lo with hi = x truncated to tf32 (10 mantissa
+// bits) and lo = x - hi (exact) truncated too, and a b ~ a.hi b.hi + a.hi b.lo + a.lo b.hi: relative error
+// ~2^-20 per product (lo's truncation; the dropped a.lo b.lo is ~2^-20 too), against fp32's 2^-24. Truncation
+// by masking, two integer ops and a subtraction per value: cvt.rna.tf32.f32 is a five-instruction sequence.
+// m16n8k8 fragments, with g = lane/4 and t = lane%4: a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4];
+// b = B[t][g], B[t+4][g]; c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1].
+struct tf32_a {
+    uint32_t hi[4], lo[4];
+};
+struct tf32_b {
+    uint32_t hi[2], lo[2];
+};
+constexpr uint32_t k_tf32_mask = 0xffffe000u;  // sign, exponent and the top 10 mantissa bits
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+    hi = __float_as_uint(x) & k_tf32_mask;
+    lo = __float_as_uint(x - __uint_as_float(hi)) & k_tf32_mask;
+}
+__device__ __forceinline__ tf32_a split_a(float a0, float a1, float a2, float a3) {
+    tf32_a f;
+    split_tf32(a0, f.hi[0], f.lo[0]), split_tf32(a1, f.hi[1], f.lo[1]);
+    split_tf32(a2, f.hi[2], f.lo[2]), split_tf32(a3, f.hi[3], f.lo[3]);
+    return f;
+}
+__device__ __forceinline__ tf32_b split_b(float b0, float b1) {
+    tf32_b f;
+    split_tf32(b0, f.hi[0], f.lo[0]), split_tf32(b1, f.hi[1], f.lo[1]);
+    return f;
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// c += a b, 3xTF32: the two small cross terms first, then the large one.
+__device__ __forceinline__ void mma_tf32x3(float (&c)[4], const tf32_a& a, const tf32_b& b) {
+    mma_tf32(c, a.lo, b.hi);
+    mma_tf32(c, a.hi, b.lo);
+    mma_tf32(c, a.hi, b.hi);
+}
+
 // Two floats as bf16x2, lo in the low half (the lower column of an mma fragment).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
