@@ -1,8 +1,10 @@
 // CUDA tests skip themselves when no GPU is usable.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "test_util.h"
 
@@ -23,5 +25,21 @@ struct mma_families_scope {
     mma_families_scope& operator=(const mma_families_scope&) = delete;
     unsigned prev;
 };
+
+// The fast GEMM's kernels a test runs: mma.sync always, wgmma too where this build and device have it.
+inline std::vector<bool> gemm_wgmma_modes() {
+    std::vector<bool> m{false};
+    if (cuda::gemm_wgmma_available()) m.push_back(true);
+    return m;
+}
+// Runs a test body on the wgmma (on) or mma.sync (off) fast GEMM, restoring the previous choice after.
+struct gemm_wgmma_scope {
+    explicit gemm_wgmma_scope(bool on) : prev(cuda::set_gemm_wgmma(on)) {}
+    ~gemm_wgmma_scope() { cuda::set_gemm_wgmma(prev); }
+    gemm_wgmma_scope(const gemm_wgmma_scope&) = delete;
+    gemm_wgmma_scope& operator=(const gemm_wgmma_scope&) = delete;
+    bool prev;
+};
+inline const char* gemm_kernel_name(bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; }
 
 }  // namespace tansy::test

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 
 #include "backend/cpu/cpu_ops.h"
@@ -98,30 +99,34 @@ TEST_P(cuda_gemm, dense_store_matches_cpu_twin) {
         y0b.insert(y0b.end(), y0.begin() + t * g.N + split, y0.begin() + (t + 1) * g.N);
     }
     const cuda::device_buffer dx16 = fp16_of(dx, g.M, g.K);
-    for (bool precise : {false, true}) {
-        auto da = to_device(y0a), db = to_device(y0b);
-        cuda::gemm_params p;
-        p.precise = precise;
-        p.W = W.d, p.N = g.N, p.x = (const float*)dx.get(), p.ldx = g.K, p.M = g.M;
-        p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = g.K;
-        p.seg[0] = {(float*)da.get(), split, 0};
-        p.seg[1] = {(float*)db.get(), g.N - split, split};
-        p.n_seg = 2, p.accumulate = g.accumulate;
-        cuda::gemm(p, 0);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        auto ga = from_device<float>(da, y0a.size()), gb = from_device<float>(db, y0b.size());
-        std::vector<float> got;
-        for (int64_t t = 0; t < g.M; t++) {
-            got.insert(got.end(), ga.begin() + t * split, ga.begin() + (t + 1) * split);
-            got.insert(got.end(), gb.begin() + t * (g.N - split), gb.begin() + (t + 1) * (g.N - split));
-        }
-        for (bool round : {true, false}) {
-            if (precise && round) continue;
-            auto want = reference(W, x, g.M, 0, g.N, round);
-            if (g.accumulate)
-                for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
-            const double tol = precise ? TOL_GEMM_PRECISE : round ? TOL_GEMM_EMULATED : TOL_GEMM_FP32;
-            EXPECT_LT(test::rel_error(got, want), tol) << (precise ? "precise" : round ? "fp16-emulated" : "fp32");
+    for (bool wg : test::gemm_wgmma_modes()) {
+        test::gemm_wgmma_scope kernel(wg);
+        SCOPED_TRACE(test::gemm_kernel_name(wg));
+        for (bool precise : {false, true}) {
+            auto da = to_device(y0a), db = to_device(y0b);
+            cuda::gemm_params p;
+            p.precise = precise;
+            p.W = W.d, p.N = g.N, p.x = (const float*)dx.get(), p.ldx = g.K, p.M = g.M;
+            p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = g.K;
+            p.seg[0] = {(float*)da.get(), split, 0};
+            p.seg[1] = {(float*)db.get(), g.N - split, split};
+            p.n_seg = 2, p.accumulate = g.accumulate;
+            cuda::gemm(p, 0);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            auto ga = from_device<float>(da, y0a.size()), gb = from_device<float>(db, y0b.size());
+            std::vector<float> got;
+            for (int64_t t = 0; t < g.M; t++) {
+                got.insert(got.end(), ga.begin() + t * split, ga.begin() + (t + 1) * split);
+                got.insert(got.end(), gb.begin() + t * (g.N - split), gb.begin() + (t + 1) * (g.N - split));
+            }
+            for (bool round : {true, false}) {
+                if (precise && round) continue;
+                auto want = reference(W, x, g.M, 0, g.N, round);
+                if (g.accumulate)
+                    for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
+                const double tol = precise ? TOL_GEMM_PRECISE : round ? TOL_GEMM_EMULATED : TOL_GEMM_FP32;
+                EXPECT_LT(test::rel_error(got, want), tol) << (precise ? "precise" : round ? "fp16-emulated" : "fp32");
+            }
         }
     }
 }
@@ -146,49 +151,57 @@ TEST(cuda_gemm_scale, large_activations) {
     auto x = test::random_normal((size_t)(M * K), 78, 3e4f);  // ~3% of the values beyond 65504
     auto dx = to_device(x);
     cuda::device_buffer dy((size_t)(M * N) * 4);
-    for (float scale : {1.0f / 16.0f, 1.0f}) {
-        const cuda::device_buffer dx16 = fp16_of(dx, M, K, scale);
-        cuda::gemm_params p;
-        p.W = W.d, p.N = N, p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = K, p.M = M, p.a_scale = scale;
-        p.seg[0] = {(float*)dy.get(), N, 0};
-        cuda::gemm(p, 0);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        auto got = from_device<float>(dy, (size_t)(M * N));
-        for (float v : got) ASSERT_TRUE(std::isfinite(v));
-        if (scale == 1.0f) continue;
-        EXPECT_LT(test::rel_error(got, reference(W, x, M, 0, N, false)), TOL_GEMM_FP32);
+    for (bool wg : test::gemm_wgmma_modes()) {
+        test::gemm_wgmma_scope kernel(wg);
+        SCOPED_TRACE(test::gemm_kernel_name(wg));
+        for (float scale : {1.0f / 16.0f, 1.0f}) {
+            const cuda::device_buffer dx16 = fp16_of(dx, M, K, scale);
+            cuda::gemm_params p;
+            p.W = W.d, p.N = N, p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = K, p.M = M, p.a_scale = scale;
+            p.seg[0] = {(float*)dy.get(), N, 0};
+            cuda::gemm(p, 0);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            auto got = from_device<float>(dy, (size_t)(M * N));
+            for (float v : got) ASSERT_TRUE(std::isfinite(v));
+            if (scale == 1.0f) continue;
+            EXPECT_LT(test::rel_error(got, reference(W, x, M, 0, N, false)), TOL_GEMM_FP32);
+        }
     }
 }
 
 // Dense SwiGLU epilogue (the shared expert): out = silu(x Wg^T) * (x Wu^T).
 TEST(cuda_gemm_swiglu, dense_matches_cpu_twin) {
     TANSY_REQUIRE_GPU();
-    for (auto [N, K, M] : {std::tuple<int64_t, int64_t, int>{512, 2048, 97}, {64, 256, 40}, {100, 128, 3}, {96, 512, 700}}) {
-        test_matrix Wg(dfmt::q4, N, K, 11 + (uint32_t)N), Wu(dfmt::q4, N, K, 12 + (uint32_t)N);
-        auto x = test::random_normal((size_t)(M * K), 13, 1.0f);
-        auto dx = to_device(x);
-        const cuda::device_buffer dx16 = fp16_of(dx, M, K);
-        cuda::device_buffer dout((size_t)(M * N) * 4), dout16((size_t)(M * N) * 2);
-        cuda::gemm_params p;
-        p.W = Wg.d, p.W2 = Wu.d, p.N = N, p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = K, p.M = M;
-        p.epi = cuda::gemm_epilogue::swiglu, p.out = (float*)dout.get(), p.ldo = N;
-        cuda::gemm(p, 0);
-        // the same as the next GEMM's fp16 input, scaled by 2^-4 (the MoE down projection's a_scale)
-        cuda::gemm_params p16 = p;
-        p16.out = nullptr, p16.out16 = (uint16_t*)dout16.get(), p16.out16_scale = 1.0f / 16.0f;
-        cuda::gemm(p16, 0);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        auto got = from_device<float>(dout, (size_t)(M * N));
-        auto got16 = from_device<uint16_t>(dout16, (size_t)(M * N));
-        for (bool round : {true, false}) {
-            auto g = reference(Wg, x, M, 0, N, round), u = reference(Wu, x, M, 0, N, round);
-            std::vector<float> want(g.size());
-            for (size_t i = 0; i < g.size(); i++) want[i] = silu(g[i]) * u[i];
-            EXPECT_LT(test::rel_error(got, want), round ? TOL_GEMM_EMULATED : 2 * TOL_GEMM_FP32)
-                << N << "x" << K << " M=" << M << (round ? " fp16-emulated" : " fp32");  // 2x: two products
+    for (bool wg : test::gemm_wgmma_modes()) {
+        test::gemm_wgmma_scope kernel(wg);
+        SCOPED_TRACE(test::gemm_kernel_name(wg));
+        for (auto [N, K, M] : {std::tuple<int64_t, int64_t, int>{512, 2048, 97}, {64, 256, 40}, {100, 128, 3}, {96, 512, 700}}) {
+            test_matrix Wg(dfmt::q4, N, K, 11 + (uint32_t)N), Wu(dfmt::q4, N, K, 12 + (uint32_t)N);
+            auto x = test::random_normal((size_t)(M * K), 13, 1.0f);
+            auto dx = to_device(x);
+            const cuda::device_buffer dx16 = fp16_of(dx, M, K);
+            cuda::device_buffer dout((size_t)(M * N) * 4), dout16((size_t)(M * N) * 2);
+            cuda::gemm_params p;
+            p.W = Wg.d, p.W2 = Wu.d, p.N = N, p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = K, p.M = M;
+            p.epi = cuda::gemm_epilogue::swiglu, p.out = (float*)dout.get(), p.ldo = N;
+            cuda::gemm(p, 0);
+            // the same as the next GEMM's fp16 input, scaled by 2^-4 (the MoE down projection's a_scale)
+            cuda::gemm_params p16 = p;
+            p16.out = nullptr, p16.out16 = (uint16_t*)dout16.get(), p16.out16_scale = 1.0f / 16.0f;
+            cuda::gemm(p16, 0);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            auto got = from_device<float>(dout, (size_t)(M * N));
+            auto got16 = from_device<uint16_t>(dout16, (size_t)(M * N));
+            for (bool round : {true, false}) {
+                auto g = reference(Wg, x, M, 0, N, round), u = reference(Wu, x, M, 0, N, round);
+                std::vector<float> want(g.size());
+                for (size_t i = 0; i < g.size(); i++) want[i] = silu(g[i]) * u[i];
+                EXPECT_LT(test::rel_error(got, want), round ? TOL_GEMM_EMULATED : 2 * TOL_GEMM_FP32)
+                    << N << "x" << K << " M=" << M << (round ? " fp16-emulated" : " fp32");  // 2x: two products
+            }
+            for (size_t i = 0; i < got.size(); i++)  // exactly the fp32 result, scaled and rounded once to fp16
+                ASSERT_EQ(test::f16_bits_to_float(got16[i]), f16_round(got[i] / 16.0f)) << "out16 element " << i;
         }
-        for (size_t i = 0; i < got.size(); i++)  // exactly the fp32 result, scaled and rounded once to fp16
-            ASSERT_EQ(test::f16_bits_to_float(got16[i]), f16_round(got[i] / 16.0f)) << "out16 element " << i;
     }
 }
 
@@ -199,97 +212,101 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
     const int E = 16, k = 4;
     const int64_t D = 256, F = 128;
     // T = 600: expert 3 gets ~500 rows, so the 128-row tiles have full and partial ones
-    for (auto [T, bm] : {std::pair{1, 64}, {37, 64}, {300, 64}, {300, 128}, {600, 128}}) {
-        SCOPED_TRACE("T=" + std::to_string(T) + " tiles of " + std::to_string(bm));
-        std::mt19937 rng(1000 + T);
-        std::vector<int32_t> idx((size_t)T * k);
-        for (int t = 0; t < T; t++) {  // distinct experts per token; expert 3 is picked by most tokens, 7..9 never
-            std::vector<int32_t> pool;
-            for (int e = 0; e < E; e++)
-                if (e < 7 || e > 9) pool.push_back(e);
-            std::shuffle(pool.begin(), pool.end(), rng);
-            if (rng() % 8 != 0) std::iter_swap(pool.begin(), std::find(pool.begin(), pool.end(), 3));
-            for (int j = 0; j < k; j++) idx[(size_t)t * k + j] = pool[(size_t)j];
-        }
-        auto wt = test::random_uniform((size_t)T * k, 5, 0.0f, 1.0f);
-        auto sig = test::random_uniform((size_t)T, 6, 0.0f, 1.0f);
-        test_matrix Wg(dfmt::q4, E * F, D, 21), Wu(dfmt::q4, E * F, D, 22), Wd(dfmt::q4, E * D, F, 23);
-        auto x = test::random_normal((size_t)T * D, 24, 1.0f);
-        auto ys = test::random_normal((size_t)T * D, 25, 1.0f);  // stands in for the shared expert's output
-        auto res = test::random_normal((size_t)T * D, 26, 1.0f);  // the residual stream
-
-        const int max_tiles = cuda::moe_max_tiles(T, E, k, bm);
-        auto didx = to_device(idx), dx = to_device(x), dwt = to_device(wt), dsig = to_device(sig), dys = to_device(ys),
-             dres = to_device(res);
-        cuda::device_buffer perm((size_t)T * k * 4), pos((size_t)T * k * 4), tiles((size_t)max_tiles * sizeof(cuda::gemm_tile)),
-            ntiles(4), h((size_t)T * k * F * 4), y((size_t)T * k * D * 4);
-        cuda::moe_plan((int32_t*)perm.get(), (int32_t*)pos.get(), (cuda::gemm_tile*)tiles.get(), (int32_t*)ntiles.get(),
-                       (const int32_t*)didx.get(), T, E, k, bm, 0);
-        const cuda::device_buffer dx16 = fp16_of(dx, T, D);
-        cuda::gemm_params g;
-        g.W = Wg.d, g.W2 = Wu.d, g.N = F, g.x16 = (const uint16_t*)dx16.get(), g.ldx16 = D;
-        g.gather = (const int32_t*)perm.get(), g.gather_div = k;
-        g.tiles = (const cuda::gemm_tile*)tiles.get(), g.n_tiles = (const int32_t*)ntiles.get(), g.max_tiles = max_tiles;
-        g.tile_bm = bm;
-        g.epi = cuda::gemm_epilogue::swiglu, g.out = (float*)h.get(), g.ldo = F;
-        cuda::gemm(g, 0);
-        cuda::gemm_params d = g;
-        const cuda::device_buffer h16 = fp16_of(h, (int64_t)T * k, F);
-        d.W = Wd.d, d.W2 = {}, d.N = D, d.x16 = (const uint16_t*)h16.get(), d.ldx16 = F, d.gather = nullptr;
-        d.epi = cuda::gemm_epilogue::rows, d.out = (float*)y.get(), d.ldo = D;
-        cuda::gemm(d, 0);
-        cuda::moe_combine((float*)dres.get(), D, (const float*)y.get(), (const float*)dys.get(), (const int32_t*)pos.get(),
-                          (const float*)dwt.get(), (const float*)dsig.get(), T, k, D, 0);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-
-        // plan invariants: perm is a permutation sorted by expert, pos_of its inverse, tiles cover each expert
-        auto hp = from_device<int32_t>(perm, (size_t)T * k), hpos = from_device<int32_t>(pos, (size_t)T * k);
-        const int nt = from_device<int32_t>(ntiles, 1)[0];
-        auto ht = from_device<cuda::gemm_tile>(tiles, (size_t)max_tiles);
-        std::vector<int> seen((size_t)T * k, 0);
-        for (int p = 0; p < T * k; p++) {
-            ASSERT_GE(hp[(size_t)p], 0);
-            ASSERT_LT(hp[(size_t)p], T * k);
-            seen[(size_t)hp[(size_t)p]]++;
-            EXPECT_EQ(hpos[(size_t)hp[(size_t)p]], p);
-            if (p > 0) {
-                EXPECT_LE(idx[(size_t)hp[(size_t)p - 1]], idx[(size_t)hp[(size_t)p]]) << "sorted by expert";
+    for (bool wg : test::gemm_wgmma_modes()) {
+        test::gemm_wgmma_scope kernel(wg);
+        SCOPED_TRACE(test::gemm_kernel_name(wg));
+        for (auto [T, bm] : {std::pair{1, 64}, {37, 64}, {300, 64}, {300, 128}, {600, 128}}) {
+            SCOPED_TRACE("T=" + std::to_string(T) + " tiles of " + std::to_string(bm));
+            std::mt19937 rng(1000 + T);
+            std::vector<int32_t> idx((size_t)T * k);
+            for (int t = 0; t < T; t++) {  // distinct experts per token; expert 3 is picked by most tokens, 7..9 never
+                std::vector<int32_t> pool;
+                for (int e = 0; e < E; e++)
+                    if (e < 7 || e > 9) pool.push_back(e);
+                std::shuffle(pool.begin(), pool.end(), rng);
+                if (rng() % 8 != 0) std::iter_swap(pool.begin(), std::find(pool.begin(), pool.end(), 3));
+                for (int j = 0; j < k; j++) idx[(size_t)t * k + j] = pool[(size_t)j];
             }
-        }
-        for (int s : seen) EXPECT_EQ(s, 1);
-        ASSERT_LE(nt, max_tiles);
-        int covered = 0;
-        for (int i = 0; i < nt; i++) {
-            const cuda::gemm_tile& tl = ht[(size_t)i];
-            ASSERT_GT(tl.rows, 0);
-            ASSERT_LE(tl.rows, bm);
-            EXPECT_EQ(tl.row0, covered);
-            for (int r = tl.row0; r < tl.row0 + tl.rows; r++) EXPECT_EQ(idx[(size_t)hp[(size_t)r]], tl.expert);
-            covered += tl.rows;
-        }
-        EXPECT_EQ(covered, T * k);
+            auto wt = test::random_uniform((size_t)T * k, 5, 0.0f, 1.0f);
+            auto sig = test::random_uniform((size_t)T, 6, 0.0f, 1.0f);
+            test_matrix Wg(dfmt::q4, E * F, D, 21), Wu(dfmt::q4, E * F, D, 22), Wd(dfmt::q4, E * D, F, 23);
+            auto x = test::random_normal((size_t)T * D, 24, 1.0f);
+            auto ys = test::random_normal((size_t)T * D, 25, 1.0f);  // stands in for the shared expert's output
+            auto res = test::random_normal((size_t)T * D, 26, 1.0f);  // the residual stream
 
-        // numerics per slot (fp32 reference, fp16-rounded operands as in the fast kernel)
-        auto gh = from_device<float>(h, (size_t)T * k * F), gy = from_device<float>(dres, (size_t)T * D);
-        std::vector<float> want_h((size_t)T * k * F), got_h(want_h.size()), want = res;
-        for (int t = 0; t < T; t++) {
-            std::vector<float> xt(x.begin() + (size_t)t * D, x.begin() + (size_t)(t + 1) * D);
-            for (size_t i = 0; i < (size_t)D; i++) want[(size_t)t * D + i] += sig[(size_t)t] * ys[(size_t)t * D + i];
-            for (int j = 0; j < k; j++) {
-                const int e = idx[(size_t)t * k + j], p = hpos[(size_t)t * k + j];
-                auto gg = reference(Wg, xt, 1, (int64_t)e * F, F, true), uu = reference(Wu, xt, 1, (int64_t)e * F, F, true);
-                std::vector<float> hh((size_t)F);
-                for (size_t i = 0; i < (size_t)F; i++) hh[i] = silu(gg[i]) * uu[i];
-                std::copy(hh.begin(), hh.end(), want_h.begin() + ((size_t)t * k + j) * F);
-                std::copy(gh.begin() + (size_t)p * F, gh.begin() + (size_t)(p + 1) * F, got_h.begin() + ((size_t)t * k + j) * F);
-                // down from the GPU's own h (isolates the down GEMM from the gate/up rounding)
-                std::vector<float> hg(gh.begin() + (size_t)p * F, gh.begin() + (size_t)(p + 1) * F);
-                auto yy = reference(Wd, hg, 1, (int64_t)e * D, D, true);
-                for (size_t i = 0; i < (size_t)D; i++) want[(size_t)t * D + i] += wt[(size_t)t * k + j] * yy[i];
+            const int max_tiles = cuda::moe_max_tiles(T, E, k, bm);
+            auto didx = to_device(idx), dx = to_device(x), dwt = to_device(wt), dsig = to_device(sig), dys = to_device(ys),
+                 dres = to_device(res);
+            cuda::device_buffer perm((size_t)T * k * 4), pos((size_t)T * k * 4), tiles((size_t)max_tiles * sizeof(cuda::gemm_tile)),
+                ntiles(4), h((size_t)T * k * F * 4), y((size_t)T * k * D * 4);
+            cuda::moe_plan((int32_t*)perm.get(), (int32_t*)pos.get(), (cuda::gemm_tile*)tiles.get(), (int32_t*)ntiles.get(),
+                           (const int32_t*)didx.get(), T, E, k, bm, 0);
+            const cuda::device_buffer dx16 = fp16_of(dx, T, D);
+            cuda::gemm_params g;
+            g.W = Wg.d, g.W2 = Wu.d, g.N = F, g.x16 = (const uint16_t*)dx16.get(), g.ldx16 = D;
+            g.gather = (const int32_t*)perm.get(), g.gather_div = k;
+            g.tiles = (const cuda::gemm_tile*)tiles.get(), g.n_tiles = (const int32_t*)ntiles.get(), g.max_tiles = max_tiles;
+            g.tile_bm = bm;
+            g.epi = cuda::gemm_epilogue::swiglu, g.out = (float*)h.get(), g.ldo = F;
+            cuda::gemm(g, 0);
+            cuda::gemm_params d = g;
+            const cuda::device_buffer h16 = fp16_of(h, (int64_t)T * k, F);
+            d.W = Wd.d, d.W2 = {}, d.N = D, d.x16 = (const uint16_t*)h16.get(), d.ldx16 = F, d.gather = nullptr;
+            d.epi = cuda::gemm_epilogue::rows, d.out = (float*)y.get(), d.ldo = D;
+            cuda::gemm(d, 0);
+            cuda::moe_combine((float*)dres.get(), D, (const float*)y.get(), (const float*)dys.get(), (const int32_t*)pos.get(),
+                              (const float*)dwt.get(), (const float*)dsig.get(), T, k, D, 0);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+            // plan invariants: perm is a permutation sorted by expert, pos_of its inverse, tiles cover each expert
+            auto hp = from_device<int32_t>(perm, (size_t)T * k), hpos = from_device<int32_t>(pos, (size_t)T * k);
+            const int nt = from_device<int32_t>(ntiles, 1)[0];
+            auto ht = from_device<cuda::gemm_tile>(tiles, (size_t)max_tiles);
+            std::vector<int> seen((size_t)T * k, 0);
+            for (int p = 0; p < T * k; p++) {
+                ASSERT_GE(hp[(size_t)p], 0);
+                ASSERT_LT(hp[(size_t)p], T * k);
+                seen[(size_t)hp[(size_t)p]]++;
+                EXPECT_EQ(hpos[(size_t)hp[(size_t)p]], p);
+                if (p > 0) {
+                    EXPECT_LE(idx[(size_t)hp[(size_t)p - 1]], idx[(size_t)hp[(size_t)p]]) << "sorted by expert";
+                }
             }
+            for (int s : seen) EXPECT_EQ(s, 1);
+            ASSERT_LE(nt, max_tiles);
+            int covered = 0;
+            for (int i = 0; i < nt; i++) {
+                const cuda::gemm_tile& tl = ht[(size_t)i];
+                ASSERT_GT(tl.rows, 0);
+                ASSERT_LE(tl.rows, bm);
+                EXPECT_EQ(tl.row0, covered);
+                for (int r = tl.row0; r < tl.row0 + tl.rows; r++) EXPECT_EQ(idx[(size_t)hp[(size_t)r]], tl.expert);
+                covered += tl.rows;
+            }
+            EXPECT_EQ(covered, T * k);
+
+            // numerics per slot (fp32 reference, fp16-rounded operands as in the fast kernel)
+            auto gh = from_device<float>(h, (size_t)T * k * F), gy = from_device<float>(dres, (size_t)T * D);
+            std::vector<float> want_h((size_t)T * k * F), got_h(want_h.size()), want = res;
+            for (int t = 0; t < T; t++) {
+                std::vector<float> xt(x.begin() + (size_t)t * D, x.begin() + (size_t)(t + 1) * D);
+                for (size_t i = 0; i < (size_t)D; i++) want[(size_t)t * D + i] += sig[(size_t)t] * ys[(size_t)t * D + i];
+                for (int j = 0; j < k; j++) {
+                    const int e = idx[(size_t)t * k + j], p = hpos[(size_t)t * k + j];
+                    auto gg = reference(Wg, xt, 1, (int64_t)e * F, F, true), uu = reference(Wu, xt, 1, (int64_t)e * F, F, true);
+                    std::vector<float> hh((size_t)F);
+                    for (size_t i = 0; i < (size_t)F; i++) hh[i] = silu(gg[i]) * uu[i];
+                    std::copy(hh.begin(), hh.end(), want_h.begin() + ((size_t)t * k + j) * F);
+                    std::copy(gh.begin() + (size_t)p * F, gh.begin() + (size_t)(p + 1) * F, got_h.begin() + ((size_t)t * k + j) * F);
+                    // down from the GPU's own h (isolates the down GEMM from the gate/up rounding)
+                    std::vector<float> hg(gh.begin() + (size_t)p * F, gh.begin() + (size_t)(p + 1) * F);
+                    auto yy = reference(Wd, hg, 1, (int64_t)e * D, D, true);
+                    for (size_t i = 0; i < (size_t)D; i++) want[(size_t)t * D + i] += wt[(size_t)t * k + j] * yy[i];
+                }
+            }
+            EXPECT_LT(test::rel_error(got_h, want_h), TOL_GEMM_EMULATED) << "gate/up T=" << T;
+            EXPECT_LT(test::rel_error(gy, want), TOL_GEMM_EMULATED) << "down + combine T=" << T;
         }
-        EXPECT_LT(test::rel_error(got_h, want_h), TOL_GEMM_EMULATED) << "gate/up T=" << T;
-        EXPECT_LT(test::rel_error(gy, want), TOL_GEMM_EMULATED) << "down + combine T=" << T;
     }
 }
 
@@ -302,12 +319,13 @@ constexpr double TOL_GEMM_OP = 3e-3;
 // precise GEMMs: only the fp32 summation order and ~2^-17 operand residue differ.
 constexpr double TOL_GEMM_OP_PRECISE = 1e-4;
 
-void check_many_rows(test::pair_of_backends& p, bool precise) {
+// T = 600: past k_gemm_wide_min_rows, the dense GEMMs take 128-row tiles (wgmma on sm_90).
+void check_many_rows(test::pair_of_backends& p, bool precise, std::initializer_list<int> row_counts) {
     using test::twin;
     const model_config& c = p.m.cfg;
     const layer_weights& gl = p.m.w.layers[0];
     const layer_weights& al = p.m.w.layers[3];
-    for (int T : {16, 77, 300}) {
+    for (int T : row_counts) {
         twin x(p, T, c.hidden, 200 + T, 2.0f), z(p, T, c.lin_value_dim(), 300 + T);
         twin qkv(p, T, c.lin_conv_dim()), b(p, T, c.lin_v_heads), a(p, T, c.lin_v_heads);
         twin qg(p, T, c.q_proj_rows()), k(p, T, c.kv_dim()), v(p, T, c.kv_dim());
@@ -326,8 +344,8 @@ void check_many_rows(test::pair_of_backends& p, bool precise) {
         for (twin* t : {&qkv, &z, &b, &a, &qg, &k, &v}) EXPECT_LT(t->diff(p), tol) << "project T=" << T;
         EXPECT_LT(x.diff(p), tol) << "matmul accumulate T=" << T;
         EXPECT_LT(xm.diff(p), tol) << "moe T=" << T;
-        printf("[ gemm ops %s T=%d ] qkv %.2e qg %.2e matmul %.2e moe %.2e\n", precise ? "precise" : "fast", T,
-               qkv.diff(p), qg.diff(p), x.diff(p), xm.diff(p));
+        printf("[ gemm ops %s %s T=%d ] qkv %.2e qg %.2e matmul %.2e moe %.2e\n", precise ? "precise" : "fast",
+               test::gemm_kernel_name(cuda::gemm_wgmma_enabled()), T, qkv.diff(p), qg.diff(p), x.diff(p), xm.diff(p));
     }
 }
 
@@ -335,16 +353,24 @@ void check_many_rows(test::pair_of_backends& p, bool precise) {
 
 TEST(cuda_gemm_ops, tiny_shapes) {
     TANSY_REQUIRE_GPU();
-    for (bool precise : {false, true}) {
-        auto p = test::make_pair(test::tiny_config(), precise);
-        check_many_rows(*p, precise);
-    }
+    for (bool precise : {false, true})
+        for (bool wg : test::gemm_wgmma_modes()) {
+            if (precise && wg) continue;  // precise mode has one kernel
+            test::gemm_wgmma_scope kernel(wg);
+            SCOPED_TRACE(test::gemm_kernel_name(wg));
+            auto p = test::make_pair(test::tiny_config(), precise);
+            check_many_rows(*p, precise, {16, 77, 300, 600});
+        }
 }
 
 TEST(cuda_gemm_ops, real_shapes) {
     TANSY_REQUIRE_GPU();
-    for (bool precise : {false, true}) {
-        auto p = test::make_pair(test::real_config(), precise);
-        check_many_rows(*p, precise);
-    }
+    for (bool precise : {false, true})
+        for (bool wg : test::gemm_wgmma_modes()) {
+            if (precise && wg) continue;  // precise mode has one kernel
+            test::gemm_wgmma_scope kernel(wg);
+            SCOPED_TRACE(test::gemm_kernel_name(wg));
+            auto p = test::make_pair(test::real_config(), precise);
+            check_many_rows(*p, precise, {16, 77, 300});
+        }
 }

@@ -22,17 +22,22 @@
 //     smem for 4-bit W: 4 x (9 KB A + 4.5 KB W words) + 2 x 18 KB dequantised W = 90 KB: two CTAs per SM.
 //     precise mode keeps v1 (fp32 A, split on the way in).
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/gemm_tile.cuh"
+#if TANSY_HAVE_WGMMA
+#include "backend/cuda/gemm_wgmma.cuh"
+#endif
 #include "backend/cuda/mma.cuh"
 
 namespace tansy::cuda {
 
 namespace {
 
-constexpr int BM = k_gemm_bm, BN = k_gemm_bn, BK = 64;
+using namespace gemm_dev;
 constexpr int LDS = BK + 8;  // bf16 per shared row: the 16-byte pad puts 8 ldmatrix rows in distinct banks
-constexpr int k_threads = 256;
 // precise kernel: bf16 elements per shared-memory stage, A then W, hi then lo parts; two stages
 constexpr int PRECISE_STAGE = 2 * (BM + BN) * LDS;
 constexpr size_t PRECISE_SMEM = 2 * PRECISE_STAGE * sizeof(uint16_t);
@@ -40,122 +45,12 @@ constexpr size_t PRECISE_SMEM = 2 * PRECISE_STAGE * sizeof(uint16_t);
 static_assert(BM * BK / 4 == 4 * k_threads, "A: four float4 per thread");
 static_assert(BN * BK / 32 == k_threads, "W: 32 values per thread");
 
-// 16-byte words holding 32 weights.
-template <dfmt F>
-constexpr int w_words() {
-    return F == dfmt::q4 ? 1 : F == dfmt::q8 ? 2 : 4;
-}
-
-// 32 weights (16-byte words c) as floats: affine codes become q * scale + bias in fp32 (as the CPU twin).
-template <dfmt F>
-__device__ __forceinline__ void dequant32(float (&v)[32], const uint4 (&c)[w_words<F>()], uint32_t sb) {
-    uint32_t w[4 * w_words<F>()];
-#pragma unroll
-    for (int j = 0; j < w_words<F>(); j++) w[4 * j] = c[j].x, w[4 * j + 1] = c[j].y, w[4 * j + 2] = c[j].z, w[4 * j + 3] = c[j].w;
-    if constexpr (F == dfmt::bf16) {
-#pragma unroll
-        for (int i = 0; i < 16; i++) v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-    } else if constexpr (F == dfmt::q4) {
-        const float s = sb_scale(sb), b = sb_bias(sb);
-        // word k: values 8k..8k+7 in nibbles 0..7; even values in the low nibble of each byte
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint32_t lo = w[k] & 0x0F0F0F0Fu, hi = (w[k] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                v[8 * k + 2 * i] = fmaf(byte_to_float(lo, i), s, b);
-                v[8 * k + 2 * i + 1] = fmaf(byte_to_float(hi, i), s, b);
-            }
-        }
-    } else {
-        const float s = sb_scale(sb), b = sb_bias(sb);
-#pragma unroll
-        for (int k = 0; k < 8; k++)  // word k: values 4k..4k+3 in bytes 0..3
-#pragma unroll
-            for (int i = 0; i < 4; i++) v[4 * k + i] = fmaf(byte_to_float(w[k], i), s, b);
-    }
-}
-
 // (a, b) as bf16x2 hi plus the bf16x2 of what rounding left out: hi + lo carries ~16 bits of each mantissa.
 __device__ __forceinline__ void split_bf16(float a, float b, uint32_t& hi, uint32_t& lo) {
     __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
     const float2 hf = __bfloat1622float2(h);
     hi = *reinterpret_cast<uint32_t*>(&h);
     lo = pack_bf16(a - hf.x, b - hf.y);
-}
-
-// The tile's rows (dense: the blockIdx.y-th 64; grouped: the work list's entry); false if the CTA has none.
-template <int BMT>
-__device__ __forceinline__ bool tile_rows(const gemm_params& p, int& expert, int& row0, int& rows) {
-    expert = 0;
-    if (p.tiles) {
-        if ((int)blockIdx.y >= *p.n_tiles) return false;
-        const gemm_tile t = p.tiles[blockIdx.y];
-        expert = t.expert, row0 = t.row0, rows = t.rows;
-    } else {
-        row0 = (int)blockIdx.y * BMT;
-        rows = min(BMT, p.M - row0);
-    }
-    return true;
-}
-
-// Source row of A row r of the tile (the gathered token for grouped gate/up).
-__device__ __forceinline__ int64_t a_row(const gemm_params& p, int64_t r) {
-    return p.gather ? p.gather[r] / p.gather_div : r;
-}
-
-// W row behind tile column c (swiglu: even columns gate feature c/2, odd ones up) and whether it exists.
-template <gemm_epilogue EPI>
-__device__ __forceinline__ const dmat& w_of_column(const gemm_params& p, int c, int expert, int64_t& wrow, bool& valid) {
-    const int64_t n = EPI == gemm_epilogue::swiglu ? (int64_t)blockIdx.x * (BN / 2) + c / 2 : (int64_t)blockIdx.x * BN + c;
-    valid = n < p.N;
-    wrow = (int64_t)expert * p.N + (valid ? n : 0);
-    return EPI == gemm_epilogue::swiglu && (c & 1) ? p.W2 : p.W;
-}
-
-// Warp (wm, wn)'s (16 MI) x 32 accumulators out: accumulator (mi, ni) element 2h + e is tile row wm*16*MI +
-// mi*16 + lane/4 + 8h, tile column wn*32 + ni*8 + 2*(lane%4) + e. inv_scale undoes the fast mode's a_scale.
-template <gemm_epilogue EPI, int MI>
-__device__ __forceinline__ void store_tile(const gemm_params& p, const float (&acc)[MI][4][4], int row0, int rows,
-                                           int wm, int wn, int lane, float inv_scale) {
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int m = wm * 16 * MI + mi * 16 + lane / 4 + 8 * h;
-            if (m >= rows) continue;
-            const int64_t r = row0 + m;
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                const int cl = wn * 32 + ni * 8 + 2 * (lane % 4);
-                const float v0 = acc[mi][ni][2 * h] * inv_scale, v1 = acc[mi][ni][2 * h + 1] * inv_scale;
-                if constexpr (EPI == gemm_epilogue::swiglu) {
-                    const int64_t f = (int64_t)blockIdx.x * (BN / 2) + cl / 2;
-                    if (f >= p.N) continue;
-                    const float y = siluf_(v0) * v1;
-                    if (p.out16)
-                        p.out16[r * p.ldo + f] = (uint16_t)(pack_f16(y * p.out16_scale, 0.0f) & 0xFFFFu);
-                    else
-                        p.out[r * p.ldo + f] = y;
-                } else {
-                    const int64_t n0 = (int64_t)blockIdx.x * BN + cl;
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int64_t col = n0 + e;
-                        if (col >= p.N) continue;
-                        const float v = e ? v1 : v0;
-                        if constexpr (EPI == gemm_epilogue::rows) {
-                            p.out[r * p.ldo + col] = v;
-                        } else {
-                            int s = 0;
-                            while (s + 1 < p.n_seg && col >= p.seg[s + 1].row0) s++;
-                            float* o = p.seg[s].out + r * p.seg[s].ld + (col - p.seg[s].row0);
-                            *o = p.accumulate ? *o + v : v;
-                        }
-                    }
-                }
-            }
-        }
 }
 
 // One k-step (16) of the warp's (16 MI) x 32 tile: A rows from sa, W columns from sw (both [rows][LDS]).
@@ -431,10 +326,15 @@ void launch(const gemm_params& p, cudaStream_t stream) {
     if (p.precise) {
         allow_dynamic_smem<gemm_precise_kernel<F, EPI>>(PRECISE_SMEM);
         gemm_precise_kernel<F, EPI><<<grid, k_threads, PRECISE_SMEM, stream>>>(p);
-    } else if (p.tiles ? p.tile_bm == 2 * BM : p.M >= k_gemm_wide_min_rows && gemm_wide_tiles_fit(F)) {
-        launch_fast<F, EPI, 2 * BM>(p, grid, stream);
     } else {
-        launch_fast<F, EPI, BM>(p, grid, stream);
+        const bool wide = p.tiles ? p.tile_bm == 2 * BM : p.M >= k_gemm_wide_min_rows && gemm_wide_tiles_fit(F);
+#if TANSY_HAVE_WGMMA
+        if (F == dfmt::q4 && wide && gemm_wgmma_enabled()) return gemm_wgmma(p, stream);
+#endif
+        if (wide)
+            launch_fast<F, EPI, 2 * BM>(p, grid, stream);
+        else
+            launch_fast<F, EPI, BM>(p, grid, stream);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -448,7 +348,31 @@ void launch_epi(const gemm_params& p, cudaStream_t stream) {
     }
 }
 
+int g_wgmma = -1;  // -1: not decided yet (TANSY_GEMM_WGMMA)
+
 }  // namespace
+
+bool gemm_wgmma_available() {
+#if TANSY_HAVE_WGMMA
+    return gemm_wgmma_device();
+#else
+    return false;
+#endif
+}
+
+bool gemm_wgmma_enabled() {
+    if (g_wgmma < 0) {
+        const char* e = std::getenv("TANSY_GEMM_WGMMA");
+        g_wgmma = !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0));
+    }
+    return g_wgmma && gemm_wgmma_available();
+}
+
+bool set_gemm_wgmma(bool on) {
+    const bool prev = gemm_wgmma_enabled();
+    g_wgmma = on ? 1 : 0;
+    return prev;
+}
 
 void to_f16(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld, float scale, cudaStream_t stream) {
     TANSY_CHECK(cols % 4 == 0 && ld % 4 == 0 && (uintptr_t)src % 16 == 0 && (uintptr_t)dst % 8 == 0,

@@ -74,6 +74,13 @@ bool gemm_supports(const dmat& W);
 // k_gemm_wide_min_rows rows take them then; grouped calls only when moe_plan was given bm = 128).
 bool gemm_wide_tiles_fit(dfmt f);
 
+// The fast mode's 4-bit GEMMs with 128-row tiles run on wgmma (sm90/gemm_wgmma.cu) where the build has it (architecture 90 among
+// TANSY_CUDA_ARCHS) and the device is compute capability 9.0, else on mma.sync. TANSY_GEMM_WGMMA=0 (or off)
+// keeps mma.sync, for A/B; set_gemm_wgmma overrides it (tests run both) and returns the previous setting.
+bool gemm_wgmma_available();
+bool gemm_wgmma_enabled();
+bool set_gemm_wgmma(bool on);
+
 // CPU twin: cpu::matmul (W rows of expert e: rows [e*N, (e+1)*N)).
 void gemm(const gemm_params& p, cudaStream_t stream);
 

@@ -1,0 +1,128 @@
+// Device helpers shared by the GEMM kernels (gemm.cu: mma.sync; sm90/gemm_wgmma.cu: wgmma): the tile
+// geometry, weight dequantisation, the tile's rows and W rows, and the epilogue. Device code only.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/mma.cuh"
+
+namespace tansy::cuda::gemm_dev {
+
+constexpr int BM = k_gemm_bm, BN = k_gemm_bn, BK = 64;
+constexpr int k_threads = 256;
+
+// 16-byte words holding 32 weights.
+template <dfmt F>
+constexpr int w_words() {
+    return F == dfmt::q4 ? 1 : F == dfmt::q8 ? 2 : 4;
+}
+
+// 32 weights (16-byte words c) as floats: affine codes become q * scale + bias in fp32 (as the CPU twin).
+template <dfmt F>
+__device__ __forceinline__ void dequant32(float (&v)[32], const uint4 (&c)[w_words<F>()], uint32_t sb) {
+    uint32_t w[4 * w_words<F>()];
+#pragma unroll
+    for (int j = 0; j < w_words<F>(); j++) w[4 * j] = c[j].x, w[4 * j + 1] = c[j].y, w[4 * j + 2] = c[j].z, w[4 * j + 3] = c[j].w;
+    if constexpr (F == dfmt::bf16) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    } else if constexpr (F == dfmt::q4) {
+        const float s = sb_scale(sb), b = sb_bias(sb);
+        // word k: values 8k..8k+7 in nibbles 0..7; even values in the low nibble of each byte
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t lo = w[k] & 0x0F0F0F0Fu, hi = (w[k] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[8 * k + 2 * i] = fmaf(byte_to_float(lo, i), s, b);
+                v[8 * k + 2 * i + 1] = fmaf(byte_to_float(hi, i), s, b);
+            }
+        }
+    } else {
+        const float s = sb_scale(sb), b = sb_bias(sb);
+#pragma unroll
+        for (int k = 0; k < 8; k++)  // word k: values 4k..4k+3 in bytes 0..3
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[4 * k + i] = fmaf(byte_to_float(w[k], i), s, b);
+    }
+}
+
+// The tile's rows (dense: the blockIdx.y-th 64; grouped: the work list's entry); false if the CTA has none.
+template <int BMT>
+__device__ __forceinline__ bool tile_rows(const gemm_params& p, int& expert, int& row0, int& rows) {
+    expert = 0;
+    if (p.tiles) {
+        if ((int)blockIdx.y >= *p.n_tiles) return false;
+        const gemm_tile t = p.tiles[blockIdx.y];
+        expert = t.expert, row0 = t.row0, rows = t.rows;
+    } else {
+        row0 = (int)blockIdx.y * BMT;
+        rows = min(BMT, p.M - row0);
+    }
+    return true;
+}
+
+// Source row of A row r of the tile (the gathered token for grouped gate/up).
+__device__ __forceinline__ int64_t a_row(const gemm_params& p, int64_t r) {
+    return p.gather ? p.gather[r] / p.gather_div : r;
+}
+
+// W row behind tile column c (swiglu: even columns gate feature c/2, odd ones up) and whether it exists.
+template <gemm_epilogue EPI>
+__device__ __forceinline__ const dmat& w_of_column(const gemm_params& p, int c, int expert, int64_t& wrow, bool& valid) {
+    const int64_t n = EPI == gemm_epilogue::swiglu ? (int64_t)blockIdx.x * (BN / 2) + c / 2 : (int64_t)blockIdx.x * BN + c;
+    valid = n < p.N;
+    wrow = (int64_t)expert * p.N + (valid ? n : 0);
+    return EPI == gemm_epilogue::swiglu && (c & 1) ? p.W2 : p.W;
+}
+
+// One accumulator pair out: tile row m (token slot), tile columns cl and cl + 1 (cl even; swiglu: the gate and
+// up of feature cl / 2), values already divided by the fast mode's a_scale.
+template <gemm_epilogue EPI>
+__device__ __forceinline__ void store_pair(const gemm_params& p, int row0, int rows, int m, int cl, float v0, float v1) {
+    if (m >= rows) return;
+    const int64_t r = row0 + m;
+    if constexpr (EPI == gemm_epilogue::swiglu) {
+        const int64_t f = (int64_t)blockIdx.x * (BN / 2) + cl / 2;
+        if (f >= p.N) return;
+        const float y = siluf_(v0) * v1;
+        if (p.out16)
+            p.out16[r * p.ldo + f] = (uint16_t)(pack_f16(y * p.out16_scale, 0.0f) & 0xFFFFu);
+        else
+            p.out[r * p.ldo + f] = y;
+    } else {
+        const int64_t n0 = (int64_t)blockIdx.x * BN + cl;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int64_t col = n0 + e;
+            if (col >= p.N) continue;
+            const float v = e ? v1 : v0;
+            if constexpr (EPI == gemm_epilogue::rows) {
+                p.out[r * p.ldo + col] = v;
+            } else {
+                int s = 0;
+                while (s + 1 < p.n_seg && col >= p.seg[s + 1].row0) s++;
+                float* o = p.seg[s].out + r * p.seg[s].ld + (col - p.seg[s].row0);
+                *o = p.accumulate ? *o + v : v;
+            }
+        }
+    }
+}
+
+// Warp (wm, wn)'s (16 MI) x 32 accumulators out (mma.sync layout): accumulator (mi, ni) element 2h + e is tile
+// row wm*16*MI + mi*16 + lane/4 + 8h, tile column wn*32 + ni*8 + 2*(lane%4) + e.
+template <gemm_epilogue EPI, int MI>
+__device__ __forceinline__ void store_tile(const gemm_params& p, const float (&acc)[MI][4][4], int row0, int rows,
+                                           int wm, int wn, int lane, float inv_scale) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+                store_pair<EPI>(p, row0, rows, wm * 16 * MI + mi * 16 + lane / 4 + 8 * h, wn * 32 + ni * 8 + 2 * (lane % 4),
+                                acc[mi][ni][2 * h] * inv_scale, acc[mi][ni][2 * h + 1] * inv_scale);
+}
+
+}  // namespace tansy::cuda::gemm_dev

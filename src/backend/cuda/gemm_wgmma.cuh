@@ -1,0 +1,16 @@
+// The Hopper (sm_90a, wgmma) form of the fast-mode GEMM for 4-bit weights (sm90/gemm_wgmma.cu). Present when the
+// build includes architecture 90 (TANSY_HAVE_WGMMA); gemm() dispatches to it, callers use gemm().
+#pragma once
+#include <cuda_runtime.h>
+
+#include "backend/cuda/gemm.cuh"
+
+namespace tansy::cuda {
+
+// True when the device is compute capability 9.0 (the only one sm_90a code runs on) with room for the tiles.
+bool gemm_wgmma_device();
+// gemm() for 4-bit W in fast mode with 128-row tiles (dense calls of k_gemm_wide_min_rows+ rows, grouped calls
+// with tile_bm 128); p already validated by gemm().
+void gemm_wgmma(const gemm_params& p, cudaStream_t stream);
+
+}  // namespace tansy::cuda
