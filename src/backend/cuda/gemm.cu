@@ -106,11 +106,7 @@ __global__ void __launch_bounds__(k_threads, 2) gemm_fast_kernel(const gemm_para
 
     // copy roles. A: rows tid/8 + 32 i, 16-byte chunk tid % 8 of each k-tile's 64 fp16
     const uint16_t* asrc[A_CHUNKS];
-#pragma unroll
-    for (int i = 0; i < A_CHUNKS; i++) {
-        const int r = tid / 8 + 32 * i;
-        asrc[i] = r < rows ? p.x16 + a_row(p, row0 + r) * p.ldx16 + (tid % 8) * 8 : nullptr;
-    }
+    a_sources(p, row0, rows, tid, asrc);
     // W words: chunk id = tid + 256 i -> tile column id / CPR, chunk id % CPR of the row's k-tile bytes
     const unsigned char* wsrc[W_CHUNKS];
     bool wok[W_CHUNKS];
@@ -161,20 +157,10 @@ __global__ void __launch_bounds__(k_threads, 2) gemm_fast_kernel(const gemm_para
         dequant32<F>(v, rw, sb);
         uint4* dst = reinterpret_cast<uint4*>(deq + (kt & 1) * BN * LDS + c * LDS + half * 32);
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            dst[j] = make_uint4(pack_f16(v[8 * j], v[8 * j + 1]), pack_f16(v[8 * j + 2], v[8 * j + 3]),
-                                pack_f16(v[8 * j + 4], v[8 * j + 5]), pack_f16(v[8 * j + 6], v[8 * j + 7]));
+        for (int j = 0; j < 4; j++) dst[j] = pack_f16x8(v + 8 * j);
     };
 
-    // the ring: k-tiles 0 .. FAST_STAGES-2 in flight; tile 0 dequantised before the loop
-#pragma unroll
-    for (int s = 0; s < FAST_STAGES - 1; s++) {
-        if (s < nk) issue(s);
-        cp_async_commit();  // (possibly empty: keeps one group per k-tile)
-    }
-    cp_async_wait<FAST_STAGES - 2>();
-    __syncthreads();
-    dequant(0);
+    ring_start<FAST_STAGES>(nk, issue, dequant);
 
     const int wm = warp % 2, wn = warp / 2;  // warp tile: rows wm*16*MI .. +16*MI, tile columns wn*32 .. +32
     float acc[MI][4][4] = {};

@@ -77,6 +77,36 @@ __device__ __forceinline__ const dmat& w_of_column(const gemm_params& p, int c, 
     return EPI == gemm_epilogue::swiglu && (c & 1) ? p.W2 : p.W;
 }
 
+// Eight floats as fp16 (one 16-byte shared-memory chunk of a dequantised W row).
+__device__ __forceinline__ uint4 pack_f16x8(const float* v) {
+    return make_uint4(pack_f16(v[0], v[1]), pack_f16(v[2], v[3]), pack_f16(v[4], v[5]), pack_f16(v[6], v[7]));
+}
+
+// The fast kernels' A copy roles: thread tid copies 16-byte chunk tid % 8 of rows tid/8 + 32 i (i < N) of each
+// k-tile; src[i] is that row's first chunk, or null past the tile's rows (zero-filled).
+template <int N>
+__device__ __forceinline__ void a_sources(const gemm_params& p, int row0, int rows, int tid, const uint16_t* (&src)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const int r = tid / 8 + 32 * i;
+        src[i] = r < rows ? p.x16 + a_row(p, row0 + r) * p.ldx16 + (tid % 8) * 8 : nullptr;
+    }
+}
+
+// The ring's start: k-tiles 0 .. STAGES-2 in flight (one commit group each, empty past nk), then k-tile 0's W
+// dequantised once they have landed.
+template <int STAGES, class Issue, class Dequant>
+__device__ __forceinline__ void ring_start(int nk, Issue&& issue, Dequant&& dequant) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) issue(s);
+        cp_async_commit();  // (possibly empty: keeps one group per k-tile)
+    }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    dequant(0);
+}
+
 // One accumulator pair out: tile row m (token slot), tile columns cl and cl + 1 (cl even; swiglu: the gate and
 // up of feature cl / 2), values already divided by the fast mode's a_scale.
 template <gemm_epilogue EPI>

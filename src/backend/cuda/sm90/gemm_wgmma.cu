@@ -100,11 +100,7 @@ __global__ void __launch_bounds__(k_threads, 2) gemm_wgmma_kernel(const gemm_par
 
     // copy roles. A: rows tid/8 + 32 i, 16-byte chunk tid % 8 of each k-tile's 64 fp16
     const uint16_t* asrc[A_CHUNKS];
-#pragma unroll
-    for (int i = 0; i < A_CHUNKS; i++) {
-        const int r = tid / 8 + 32 * i;
-        asrc[i] = r < rows ? p.x16 + a_row(p, row0 + r) * p.ldx16 + (tid % 8) * 8 : nullptr;
-    }
+    a_sources(p, row0, rows, tid, asrc);
     // W: tile column c = tid / 2, half h = tid % 2 of its k-tile (16 bytes = 32 weights, one (scale, bias) word)
     const int c = tid / 2, half = tid % 2;
     int64_t wrow;
@@ -132,20 +128,10 @@ __global__ void __launch_bounds__(k_threads, 2) gemm_wgmma_kernel(const gemm_par
         dequant32<dfmt::q4>(v, rw, sb);
         uint16_t* d = deq + (kt & 1) * BN * BK;
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            *reinterpret_cast<uint4*>(d + sw128(c, 4 * half + j)) =
-                make_uint4(pack_f16(v[8 * j], v[8 * j + 1]), pack_f16(v[8 * j + 2], v[8 * j + 3]),
-                           pack_f16(v[8 * j + 4], v[8 * j + 5]), pack_f16(v[8 * j + 6], v[8 * j + 7]));
+        for (int j = 0; j < 4; j++) *reinterpret_cast<uint4*>(d + sw128(c, 4 * half + j)) = pack_f16x8(v + 8 * j);
     };
 
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) issue(s);
-        cp_async_commit();  // (possibly empty: keeps one group per k-tile)
-    }
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    dequant(0);
+    ring_start<STAGES>(nk, issue, dequant);
 
     const uint32_t a_off = wg * 64 * BK * 2;  // this warpgroup's A rows in the tile (bytes)
     float acc[NACC];
