@@ -1,5 +1,6 @@
 // CUDA tests skip themselves when no GPU is usable.
 #pragma once
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,10 @@ struct mma_families_scope {
 // The fast GEMM's kernels a test runs: mma.sync always, wgmma too where this build and device have it.
 inline std::vector<bool> gemm_wgmma_modes() {
     std::vector<bool> m{false};
-    if (cuda::gemm_wgmma_available()) m.push_back(true);
+    if (cuda::gemm_wgmma_available())
+        m.push_back(true);
+    else if (cuda::device_compute_capability() == 90)
+        printf("[ note ] compute capability 9.0, but this build has no wgmma GEMM (90 not in TANSY_CUDA_ARCHS)\n");
     return m;
 }
 // Runs a test body on the wgmma (on) or mma.sync (off) fast GEMM, restoring the previous choice after.

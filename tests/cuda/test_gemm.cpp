@@ -138,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(shapes, cuda_gemm,
                                            gemm_case{1, 33, 192, 70, true}, gemm_case{2, 130, 512, 77, false},
                                            gemm_case{2, 2048, 128, 31, true},
                                            // from k_gemm_wide_min_rows rows: 128-row tiles, partial last tile
-                                           gemm_case{0, 1000, 1024, 600, false}, gemm_case{1, 257, 512, 517, true},
+                                           gemm_case{0, 1000, 1024, 600, false}, gemm_case{0, 257, 64, 517, true},
+                                           gemm_case{0, 4160, 2048, 1000, true}, gemm_case{1, 257, 512, 517, true},
                                            gemm_case{2, 130, 256, 530, false}));
 
 // Fast mode with activations past the fp16 range: a_scale 2^-4 keeps them exact to fp16 precision; without it
@@ -146,7 +147,7 @@ INSTANTIATE_TEST_SUITE_P(shapes, cuda_gemm,
 TEST(cuda_gemm_scale, large_activations) {
     TANSY_REQUIRE_GPU();
     const int64_t N = 96, K = 512;
-    const int M = 40;
+    const int M = 600;  // 128-row tiles (wgmma on sm_90)
     test_matrix W(dfmt::q4, N, K, 77);
     auto x = test::random_normal((size_t)(M * K), 78, 3e4f);  // ~3% of the values beyond 65504
     auto dx = to_device(x);
@@ -344,8 +345,9 @@ void check_many_rows(test::pair_of_backends& p, bool precise, std::initializer_l
         for (twin* t : {&qkv, &z, &b, &a, &qg, &k, &v}) EXPECT_LT(t->diff(p), tol) << "project T=" << T;
         EXPECT_LT(x.diff(p), tol) << "matmul accumulate T=" << T;
         EXPECT_LT(xm.diff(p), tol) << "moe T=" << T;
-        printf("[ gemm ops %s %s T=%d ] qkv %.2e qg %.2e matmul %.2e moe %.2e\n", precise ? "precise" : "fast",
-               test::gemm_kernel_name(cuda::gemm_wgmma_enabled()), T, qkv.diff(p), qg.diff(p), x.diff(p), xm.diff(p));
+        const bool wide = !precise && T >= cuda::k_gemm_wide_min_rows && cuda::gemm_wgmma_enabled();
+        printf("[ gemm ops %s, dense on %s, T=%d ] qkv %.2e qg %.2e matmul %.2e moe %.2e\n", precise ? "precise" : "fast",
+               test::gemm_kernel_name(wide), T, qkv.diff(p), qg.diff(p), x.diff(p), xm.diff(p));
     }
 }
 
@@ -371,6 +373,9 @@ TEST(cuda_gemm_ops, real_shapes) {
             test::gemm_wgmma_scope kernel(wg);
             SCOPED_TRACE(test::gemm_kernel_name(wg));
             auto p = test::make_pair(test::real_config(), precise);
-            check_many_rows(*p, precise, {16, 77, 300});
+            if (precise)
+                check_many_rows(*p, precise, {16, 77, 300});
+            else  // 600 rows: the dense projections on 128-row tiles (wgmma) at the real widths
+                check_many_rows(*p, precise, {16, 77, 300, 600});
         }
 }

@@ -21,6 +21,14 @@ std::string device_name(int dev) {
     return p.name;
 }
 
+int device_compute_capability(int dev) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+        return 0;
+    return 10 * major + minor;
+}
+
 device_buffer::device_buffer(size_t bytes) : n_(bytes) {
     if (bytes) CUDA_CHECK(cudaMalloc(&p_, bytes));
 }

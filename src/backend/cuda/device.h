@@ -8,6 +8,8 @@ namespace tansy::cuda {
 // Number of usable CUDA devices (0 when there is no driver or GPU); *why gets the reason when 0.
 int device_count(std::string* why = nullptr);
 std::string device_name(int dev);
+// 10 * major + minor of device dev (90 for an H100/H200), 0 if it cannot be read.
+int device_compute_capability(int dev = 0);
 
 // RAII device allocation.
 class device_buffer {

@@ -38,7 +38,7 @@ struct gdn_params {
     // chunked form (I+L)^-1 and A rows [Hv, T, 64] each
     float* work = nullptr;
     bool chunked = true;  // prefill spans in the chunk-parallel form (MODEL.md §4.7), else token by token
-    int max_span = 0;     // rows of the longest span (0: T - (n_spans - 1), the most the tiling allows)
+    int max_span = 0;     // rows of the longest span (required by the chunked form: its grid's chunk count)
     // outputs
     float* o = nullptr;    // [T, Hv*dv] delta-rule output (before the gated norm); the prefill path stages v here
     float* out = nullptr;  // [T, Hv*dv] gated-normed

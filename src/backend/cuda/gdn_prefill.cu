@@ -640,7 +640,8 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream) {
         allow_dynamic_smem<chunk_kernel>(CHUNK_SMEM);
         allow_dynamic_smem<chunk_scan_kernel>(CSCAN_SMEM);
         // chunks of the longest span (a block past its own span's end returns at once)
-        const int max_chunks = ((p.max_span > 0 ? p.max_span : p.T - (p.n_spans - 1)) + CC - 1) / CC;
+        TANSY_CHECK(p.max_span > 0 && p.max_span <= p.T, "cuda deltanet prefill: max_span %d (T %d)", p.max_span, p.T);
+        const int max_chunks = (p.max_span + CC - 1) / CC;
         chunk_kernel<<<dim3((unsigned)max_chunks, (unsigned)p.Hv, (unsigned)p.n_spans), CH_THREADS, CHUNK_SMEM, stream>>>(
             p, min_rows);
         CUDA_CHECK_LAUNCH();

@@ -22,6 +22,7 @@
 //     smem for 4-bit W: 4 x (9 KB A + 4.5 KB W words) + 2 x 18 KB dequantised W = 90 KB: two CTAs per SM.
 //     precise mode keeps v1 (fp32 A, split on the way in).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -334,7 +335,7 @@ void launch_epi(const gemm_params& p, cudaStream_t stream) {
     }
 }
 
-int g_wgmma = -1;  // -1: not decided yet (TANSY_GEMM_WGMMA)
+std::atomic<int> g_wgmma{-1};  // -1: not decided yet (TANSY_GEMM_WGMMA)
 
 }  // namespace
 
@@ -347,11 +348,11 @@ bool gemm_wgmma_available() {
 }
 
 bool gemm_wgmma_enabled() {
-    if (g_wgmma < 0) {
+    if (g_wgmma.load() < 0) {
         const char* e = std::getenv("TANSY_GEMM_WGMMA");
-        g_wgmma = !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0));
+        g_wgmma = !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0)) ? 1 : 0;
     }
-    return g_wgmma && gemm_wgmma_available();
+    return g_wgmma.load() == 1 && gemm_wgmma_available();
 }
 
 bool set_gemm_wgmma(bool on) {

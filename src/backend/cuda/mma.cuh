@@ -46,8 +46,9 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
 }
 
 // 3xTF32 (near-fp32 products on the tensor cores): x = hi + lo with hi = x truncated to tf32 (10 mantissa
-// bits) and lo = x - hi (exact) truncated too, and a b ~ a.hi b.hi + a.hi b.lo + a.lo b.hi: relative error
-// ~2^-20 per product (lo's truncation; the dropped a.lo b.lo is ~2^-20 too), against fp32's 2^-24. Truncation
+// bits) and lo = x - hi (exact) truncated too, and a b ~ a.hi b.hi + a.hi b.lo + a.lo b.hi: relative error at
+// most ~3 x 2^-20 per product (the two lo truncations and the dropped a.lo b.lo), against fp32's 2^-24. Finite
+// inputs only (inf - inf would make lo NaN). Truncation
 // by masking, two integer ops and a subtraction per value: cvt.rna.tf32.f32 is a five-instruction sequence.
 // m16n8k8 fragments, with g = lane/4 and t = lane%4: a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4];
 // b = B[t][g], B[t+4][g]; c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1].

@@ -35,8 +35,10 @@ struct wg_layout {
     static constexpr size_t DEQ = (size_t)BN * BK * 2;          // one dequantised W tile, fp16, swizzled
     static constexpr size_t SMEM = STAGES * STAGE + 2 * DEQ + 1024;  // + alignment of the dynamic base
     static_assert(A_BYTES % 1024 == 0 && STAGE % 1024 == 0 && DEQ % 1024 == 0, "1024-byte swizzle atoms");
+    static_assert(BK * 2 == 128, "a k-tile row is one 128-byte swizzle row");
 };
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // device code for sm_90a only (the host pass sees none of it)
 // Offset (fp16 elements) of 16-byte chunk `chunk` (8 values) of row `row` in a 128-byte-swizzled K-major tile.
 __device__ __forceinline__ int sw128(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) * 8); }
 
@@ -59,7 +61,6 @@ __device__ __forceinline__ void fence_acc(float (&d)[N]) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // d (64 x 128 fp32, accumulated) += A (64 x 16 fp16, shared memory) B (16 x 128 fp16, shared memory), both K-major.
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
     asm volatile(
