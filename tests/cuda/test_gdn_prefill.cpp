@@ -22,13 +22,16 @@ namespace {
 // fp32 on both sides, as TOL_FP32_OP of test_ops.cpp. The CPU evaluates spans of more than one row in the
 // chunked form (MODEL.md §4.7); the GPU in the chunked form too (by default: an explicit inverse of I + L where
 // the CPU substitutes, other summation orders, matrix products in 3xTF32 at ~2^-20 relative per product) or
-// token by token. On these very steps the CPU's two forms
-// differ by <= 6.3e-7 (measured), so 2e-5 leaves room for the device's exp/rsqrt and the state's error
-// carried into later steps (the update is a contraction: it does not grow with span length).
-constexpr double TOL_GDN_PREFILL = 2e-5;
+// token by token. The CPU's two forms differ by <= 6.3e-7 on these steps; on the H200 the worst step was 1.16e-6
+// (chunked) and 8.4e-7 (token scan) over the four head shapes tested (session 6), so 5e-6 is ~4x the worst seen.
+// The update is a contraction: the state's error does not grow with span length.
+constexpr double TOL_GDN_PREFILL = 5e-6;
+// The chunked form's long spans against the decode kernel's token-by-token steps (check_against_decode): another
+// form of the math, fp32 with 3xTF32 products, one span of up to 128 rows and one step after it.
+constexpr double TOL_GDN_FORMS = 2e-5;
 // The token-scan prefill path against the decode kernel on the same inputs: the conv, norms and gates are
 // bit-identical, only the two 128-term dot products per token are summed in another order (~1e-7 relative per
-// token). The chunked form against the decode kernel is held to TOL_GDN_PREFILL (another form of the math).
+// token). The chunked form against the decode kernel is held to TOL_GDN_FORMS.
 constexpr double TOL_GDN_SAME_MATH = 5e-6;
 
 // Sequences advanced on both backends through GDN layer 0, one forward step at a time.
@@ -155,7 +158,7 @@ void check_against_decode(pair_of_backends& p, int n, gdn_mode mode) {
     };
     const std::vector<float> scan = run(true), recur = run(false);
     const size_t span_floats = (size_t)n * V;
-    const double tol = mode == gdn_mode::recurrent ? TOL_GDN_SAME_MATH : TOL_GDN_PREFILL;
+    const double tol = mode == gdn_mode::recurrent ? TOL_GDN_SAME_MATH : TOL_GDN_FORMS;
     const char* form = mode == gdn_mode::recurrent ? " (token scan)" : " (chunked)";
     EXPECT_LT(rel_error(std::vector<float>(scan.begin(), scan.begin() + span_floats),
                         std::vector<float>(recur.begin(), recur.begin() + span_floats)),
