@@ -30,6 +30,10 @@ int cmd_convert(int argc, char** argv) {
                 "bits for the modules whose MLX path contains PATTERN as whole components, e.g. lm_head=8, "
                 "v_proj=4 or layers.3.self_attn=8 (repeatable; applied after the method's defaults)",
                 "", true)
+        .option("--group-for", "PATTERN=N",
+                "columns per scale/bias group for the modules whose MLX path contains PATTERN as whole components, "
+                "e.g. layers.3.self_attn=32 (repeatable; applied after the defaults)",
+                "", true)
         .option("--imatrix", "FILE",
                 "per-column input importances (safetensors, F32 [cols] or [experts, cols] per MLX module path) "
                 "weighting the mse method's error")
@@ -47,6 +51,8 @@ int cmd_convert(int argc, char** argv) {
     o.policy.bits = (int)p.integer("--bits", 4);
     o.policy.group = (int)p.integer("--group-size", 64);
     for (const std::string& s : p.all("--bits-for")) o.policy.overrides.push_back(quant_policy::parse_override(s));
+    for (const std::string& s : p.all("--group-for"))
+        o.policy.group_overrides.push_back(quant_policy::parse_group_override(s));
     if (p.has("--imatrix")) o.policy.imatrix = importance::load(p.str("--imatrix"));
     const double gb = p.number("--shard-size", 5.0);
     if (!(gb > 0)) fail("convert: --shard-size must be positive");

@@ -22,6 +22,12 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
+// A module quantised at other than the default bits or group size.
+struct module_quant {
+    std::string path;
+    int bits, group;
+};
+
 // One output tensor: its header entry and how to produce its bytes when its turn comes. produce() returns
 // them, either from memory it owns or after filling `scratch`; after() runs once they are written.
 struct out_tensor {
@@ -75,15 +81,15 @@ class mlx_writer {
         return std::move(out_);
     }
 
-    // Modules quantised at other than the default bits: config.json must list each (MODEL.md §11.3).
-    const std::vector<std::pair<std::string, int>>& bit_overrides() const { return overridden_; }
+    // Modules quantised at other than the default bits or group size: config.json must list each (MODEL.md §11.3).
+    const std::vector<module_quant>& overrides() const { return overridden_; }
     int64_t params() const { return params_; }
 
   private:
     model& m_;  // non-const only because linear_modules() hands out mutable views; the writer only reads
     const convert_options& o_;
     std::vector<out_tensor> out_;
-    std::vector<std::pair<std::string, int>> overridden_;
+    std::vector<module_quant> overridden_;
     int64_t params_ = 0;
     std::vector<std::unique_ptr<quant_module>> modules_;
 
@@ -114,7 +120,7 @@ class mlx_writer {
 
     // One linear module (or E stacked experts of identical shape) -> weight/scales/biases.
     void quantized(const std::string& module, std::vector<const matrix*> parts) {
-        const int bits = o_.policy.bits_for(module), group = o_.policy.group;
+        const int bits = o_.policy.bits_for(module), group = o_.policy.group_for(module);
         const matrix& first = *parts[0];
         for (const matrix* p : parts)
             if (p->fmt != wfmt::dense)
@@ -141,7 +147,7 @@ class mlx_writer {
             });
             return;
         }
-        if (bits != o_.policy.bits) overridden_.emplace_back(module, bits);
+        if (bits != o_.policy.bits || group != o_.policy.group) overridden_.push_back({module, bits, group});
         params_ += (E ? E : 1) * rows * cols;
         auto* qm = modules_.emplace_back(std::make_unique<quant_module>()).get();
         const quant_method method = o_.policy.method;
@@ -224,7 +230,7 @@ void copy_file(const std::string& from, const std::string& to) {
 }
 
 ojson mlx_config(const std::string& src_dir, const model_config& c, const convert_options& o,
-                 const std::vector<std::pair<std::string, int>>& overridden) {
+                 const std::vector<module_quant>& overridden) {
     ojson cfg = ojson::parse(read_text_file(src_dir + "/config.json"));
     if (!cfg.contains("text_config")) {  // text-only source: wrap into the release form MLX tools read
         ojson text = cfg;
@@ -237,9 +243,9 @@ ojson mlx_config(const std::string& src_dir, const model_config& c, const conver
                     {"text_config", text}};
     }
     ojson q = {{"group_size", o.policy.group}, {"bits", o.policy.bits}, {"mode", "affine"}};
-    std::vector<std::pair<std::string, int>> sorted = overridden;
-    std::sort(sorted.begin(), sorted.end());
-    for (const auto& [m, bits] : sorted) q[m] = {{"group_size", o.policy.group}, {"bits", bits}};
+    std::vector<module_quant> sorted = overridden;
+    std::sort(sorted.begin(), sorted.end(), [](const module_quant& a, const module_quant& b) { return a.path < b.path; });
+    for (const module_quant& m : sorted) q[m.path] = {{"group_size", m.group}, {"bits", m.bits}};
     cfg["quantization"] = q;
     cfg["quantization_config"] = q;
     return cfg;
@@ -256,6 +262,9 @@ convert_report convert_to_mlx(const convert_options& o) {
     for (const auto& [pat, bits] : qp.overrides)
         if (bits != 2 && bits != 4 && bits != 8)
             fail("convert: '%s' bits must be 2, 4 or 8 (got %d)", pat.c_str(), bits);
+    for (const auto& [pat, group] : qp.group_overrides)
+        if (group < 32 || group > 256 || group % 32 != 0)
+            fail("convert: '%s' group size must be a multiple of 32 from 32 to 256 (got %d)", pat.c_str(), group);
     if (o.out.empty()) fail("convert: no output directory");
     model m = load_model(o.src);
     if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) fail("%s: cannot create: %s", o.out.c_str(), strerror(errno));
@@ -308,7 +317,7 @@ convert_report convert_to_mlx(const convert_options& o) {
     // config.json last: its presence marks a complete checkpoint.
     f = fopen((o.out + "/config.json").c_str(), "w");
     if (!f) fail("%s: cannot write config.json", o.out.c_str());
-    fputs(mlx_config(o.src, m.cfg, o, w.bit_overrides()).dump(2).c_str(), f);
+    fputs(mlx_config(o.src, m.cfg, o, w.overrides()).dump(2).c_str(), f);
     fclose(f);
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rep;

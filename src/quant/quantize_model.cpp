@@ -26,7 +26,29 @@ std::vector<std::pair<std::string, int>> quant_policy::default_overrides() {
             {"layers.0.linear_attn", 8}};
 }
 
+std::vector<std::pair<std::string, int>> quant_policy::default_group_overrides() { return {}; }
+
 namespace {
+
+// The value of the last override whose pattern matches `path` as whole dotted components, else `fallback`.
+int matching_override(const std::vector<std::pair<std::string, int>>& overrides, const std::string& path, int fallback) {
+    int v = fallback;
+    const std::string dotted = "." + path + ".";
+    for (const auto& [pat, n] : overrides)
+        if (dotted.find("." + pat + ".") != std::string::npos) v = n;
+    return v;
+}
+
+// "PATTERN=N" -> (PATTERN, N); throws when malformed.
+std::pair<std::string, int> split_override(const std::string& spec, const char* what) {
+    const size_t eq = spec.rfind('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+        fail("'%s' is not PATTERN=%s", spec.c_str(), what);
+    const std::string num = spec.substr(eq + 1);
+    if (num.size() > 4 || num.find_first_not_of("0123456789") != std::string::npos)
+        fail("'%s': %s must be a number", spec.c_str(), what);
+    return {spec.substr(0, eq), std::stoi(num)};
+}
 
 std::string dims_str(const std::vector<int64_t>& d) {
     std::string r = "[";
@@ -84,24 +106,27 @@ quant_policy quant_policy::mlx() {
     quant_policy p;
     p.method = quant_method::minmax;
     p.overrides = {{"mlp.gate", 8}, {"mlp.shared_expert_gate", 8}};
+    p.group_overrides = {};
     return p;
 }
 
 std::pair<std::string, int> quant_policy::parse_override(const std::string& spec) {
-    const size_t eq = spec.rfind('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
-        fail("'%s' is not PATTERN=BITS (e.g. lm_head=8)", spec.c_str());
-    const std::string bits = spec.substr(eq + 1);
-    if (bits != "2" && bits != "4" && bits != "8") fail("'%s': bits must be 2, 4 or 8", spec.c_str());
-    return {spec.substr(0, eq), bits[0] - '0'};
+    auto o = split_override(spec, "BITS (e.g. lm_head=8)");
+    if (o.second != 2 && o.second != 4 && o.second != 8) fail("'%s': bits must be 2, 4 or 8", spec.c_str());
+    return o;
 }
 
-int quant_policy::bits_for(const std::string& path) const {
-    int b = bits;
-    const std::string dotted = "." + path + ".";
-    for (const auto& [pat, n] : overrides)
-        if (dotted.find("." + pat + ".") != std::string::npos) b = n;
-    return b;
+std::pair<std::string, int> quant_policy::parse_group_override(const std::string& spec) {
+    auto o = split_override(spec, "GROUP (e.g. layers.3.self_attn=32)");
+    if (o.second < 32 || o.second > 256 || o.second % 32 != 0)
+        fail("'%s': the group size must be a multiple of 32 from 32 to 256", spec.c_str());
+    return o;
+}
+
+int quant_policy::bits_for(const std::string& path) const { return matching_override(overrides, path, bits); }
+
+int quant_policy::group_for(const std::string& path) const {
+    return matching_override(group_overrides, path, group);
 }
 
 std::vector<linear_module> linear_modules(model_weights& w, const model_config& c) {
@@ -214,9 +239,9 @@ quantize_report quantize_model(model& m, const quant_policy& policy) {
     quantize_report rep;
     const bool tied = m.w.lm_head.w == m.w.embed.w;
     for (linear_module& lm : linear_modules(m.w, m.cfg)) {
-        const int bits = policy.bits_for(lm.path);
+        const int bits = policy.bits_for(lm.path), group = policy.group_for(lm.path);
         for (matrix* x : lm.parts) {
-            if (x->fmt != wfmt::dense || x->cols % policy.group != 0) continue;  // as convert: left dense
+            if (x->fmt != wfmt::dense || x->cols % group != 0) continue;  // as convert: left dense
             auto q = std::make_shared<quantized_rows>();
             rep.bytes_before += x->bytes();
             std::vector<const float*> h;
@@ -225,11 +250,11 @@ quantize_report quantize_model(model& m, const quant_policy& policy) {
                 std::vector<const float*> all = policy.imatrix->for_module(lm.path, lm.parts.size(), x->cols);
                 if (!all.empty()) h = {all[k]};
             }
-            quantize_matrices({x}, bits, policy.group, policy.method, q.get(), m.ckpt.get(), h);
+            quantize_matrices({x}, bits, group, policy.method, q.get(), m.ckpt.get(), h);
             x->fmt = wfmt::affine;
             x->type = dtype::bf16;
             x->bits = bits;
-            x->group = policy.group;
+            x->group = group;
             x->w = (const uint8_t*)q->packed.data();
             x->scales = (const uint8_t*)q->scales.data();
             x->biases = (const uint8_t*)q->biases.data();
@@ -256,7 +281,7 @@ quantize_report prepare_weights(model& m, const std::string& weights, const std:
         const quant_policy policy;
         bool dense = false, quantised = false;  // an already-quantised checkpoint keeps its choices (e.g. a bf16 gate)
         for (const linear_module& lm : linear_modules(m.w, m.cfg)) {
-            dense |= lm.parts[0]->fmt == wfmt::dense && lm.parts[0]->cols % policy.group == 0;
+            dense |= lm.parts[0]->fmt == wfmt::dense && lm.parts[0]->cols % policy.group_for(lm.path) == 0;
             quantised |= lm.parts[0]->fmt == wfmt::affine;
         }
         if (!dense || quantised) return {};

@@ -36,9 +36,13 @@ struct quant_policy {
     int group = 64;
     quant_method method = default_quant_method;
     std::vector<std::pair<std::string, int>> overrides = default_overrides();
+    // Columns per (scale, bias) group for the modules matching a pattern (same matching rule as overrides):
+    // finer groups where they pay more per byte than 8 bits would.
+    std::vector<std::pair<std::string, int>> group_overrides = default_group_overrides();
     std::shared_ptr<const importance> imatrix;  // optional column weights for the mse method
 
     int bits_for(const std::string& module_path) const;
+    int group_for(const std::string& module_path) const;
 
     // 8 bits where it pays, measured per module on the tiny model (docs/QUALITY.md): routers and the
     // shared-expert gate (MLX's own choice: their errors change which experts run), embed_tokens (the largest
@@ -47,10 +51,13 @@ struct quant_policy {
     // On the release model this costs +1.4% of the 4-bit size; lm_head stays 4-bit because decode reads
     // all of it every token.
     static std::vector<std::pair<std::string, int>> default_overrides();
+    static std::vector<std::pair<std::string, int>> default_group_overrides();
     // What mlx-lm/mlx-vlm write: the minmax rule, 8 bits for routers and the shared-expert gate only.
     static quant_policy mlx();
     // Parses "PATTERN=BITS" (BITS 2, 4 or 8); throws tansy::error.
     static std::pair<std::string, int> parse_override(const std::string& spec);
+    // Parses "PATTERN=GROUP" (GROUP a multiple of 32 from 32 to 256); throws tansy::error.
+    static std::pair<std::string, int> parse_group_override(const std::string& spec);
 };
 
 // A linear module as the MLX layout names it: one matrix, or E stacked experts of one projection.

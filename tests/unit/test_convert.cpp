@@ -195,6 +195,7 @@ TEST(convert, config_lists_every_module_quantised_at_other_bits) {
     convert_options o;
     o.src = src, o.out = test::temp_dir("conv-cfg-out") + "/q", o.progress = false;
     o.policy.overrides.push_back({"layers.1.self_attn.q_proj", 2});
+    o.policy.group_overrides.push_back({"layers.1.mlp.switch_mlp", 32});  // a group size of its own
     convert_to_mlx(o);
     const json q = json::parse(read_text_file(o.out + "/config.json"))["quantization"];
     EXPECT_EQ(q, json::parse(read_text_file(o.out + "/config.json"))["quantization_config"]);
@@ -204,23 +205,34 @@ TEST(convert, config_lists_every_module_quantised_at_other_bits) {
         if (t->name.size() < 7 || t->name.compare(t->name.size() - 7, 7, ".scales") != 0) continue;
         const std::string module = t->name.substr(0, t->name.size() - 7);
         const st_tensor& w = ck.get(module + ".weight");
-        const int bits = (int)(w.shape.back() * 32 / (t->shape.back() * 64));  // MODEL.md §11.3
+        const int group = o.policy.group_for(module);
+        const int bits = (int)(w.shape.back() * 32 / (t->shape.back() * group));  // MODEL.md §11.3
         EXPECT_EQ(bits, o.policy.bits_for(module)) << module;
         quantised++;
         if (q.contains(module)) {
             listed++;
             EXPECT_EQ(q[module]["bits"], bits) << module;
+            EXPECT_EQ(q[module]["group_size"], group) << module;
         } else {
             EXPECT_EQ(bits, q["bits"].get<int>()) << module << " differs from the default but is not listed";
+            EXPECT_EQ(group, q["group_size"].get<int>()) << module << " differs from the default but is not listed";
         }
     }
     EXPECT_GT(quantised, 10);
     EXPECT_EQ(listed + 3, (int)q.size());  // + group_size, bits, mode
     ASSERT_TRUE(q.contains("language_model.model.layers.1.self_attn.q_proj"));
     EXPECT_EQ(q["language_model.model.layers.1.self_attn.q_proj"]["bits"], 2);
+    const std::string experts = "language_model.model.layers.1.mlp.switch_mlp.up_proj";
+    ASSERT_TRUE(q.contains(experts));
+    EXPECT_EQ(q[experts]["group_size"], 32);
+    EXPECT_EQ(q[experts]["bits"], 4);
     model m = load_model(o.out);  // the loader checks shapes against the block too
     EXPECT_EQ(m.w.layers[1].attn.q_proj.bits, 2);
     EXPECT_EQ(m.w.embed.bits, 8);
+    ASSERT_EQ(m.w.layers.size(), 2u);
+    ASSERT_FALSE(m.w.layers[1].moe.up.empty());
+    EXPECT_EQ(m.w.layers[1].moe.up[0].group, 32);
+    EXPECT_EQ(m.w.layers[0].moe.up[0].group, 64);
 }
 
 TEST(convert, quantise_at_load_equals_convert_then_load) {

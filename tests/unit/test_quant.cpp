@@ -184,8 +184,15 @@ TEST(quant_policy, patterns_match_whole_path_components) {
     EXPECT_EQ(mlx.method, quant_method::minmax);
     EXPECT_EQ(mlx.bits_for("language_model.model.embed_tokens"), 4);
     EXPECT_EQ(mlx.bits_for(L + "1.mlp.gate"), 8);
-    for (const char* bad : {"v_proj", "=8", "v_proj=", "v_proj=3", "v_proj=16"})
+    for (const char* bad : {"v_proj", "=8", "v_proj=", "v_proj=3", "v_proj=16", "v_proj=x", "v_proj=-4"})
         EXPECT_THROW(quant_policy::parse_override(bad), tansy::error) << bad;
+    EXPECT_EQ(p.group_for(L + "3.mlp.switch_mlp.up_proj"), 64);
+    p.group_overrides.push_back(quant_policy::parse_group_override("layers.3.mlp=32"));
+    EXPECT_EQ(p.group_for(L + "3.mlp.switch_mlp.up_proj"), 32);
+    EXPECT_EQ(p.group_for(L + "13.mlp.switch_mlp.up_proj"), 64);
+    EXPECT_TRUE(mlx.group_overrides.empty());
+    for (const char* bad : {"mlp", "mlp=", "mlp=48", "mlp=16", "mlp=512", "mlp=abc"})
+        EXPECT_THROW(quant_policy::parse_group_override(bad), tansy::error) << bad;
     EXPECT_THROW(parse_quant_method("gptq"), tansy::error);
     EXPECT_EQ(parse_quant_method(quant_method_name(quant_method::mse)), quant_method::mse);
 }
