@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params 
 
 // v2 (gdn v3): the chunk-parallel form (MODEL.md §4.7, the CPU twin's cpu::delta_rule_chunked), chunks of
 // CC = 64 rows from each span's start (as the twin cuts them). The matrix products run on the tensor cores in
-// 3xTF32 (mma.cuh: fp32-accurate, the test holds it to the fp32 tolerance); the recurrences in fp32.
+// 3xTF32 (mma.cuh: ~2^-20 relative per product; the tests hold it to fp32 tolerances); the recurrences in fp32.
 //  3. chunk_kernel, one block of 256 threads per (chunk, value head, span), fully parallel: gamma (cumulative
 //     log decay, into the alpha slot of (beta, alpha): the scan reads it there); k.k and q.k on and below the
 //     diagonal (8 warps, 16 x 8 tiles); the strictly-lower L = beta_r (k_r.k_s) e^(gamma_r - gamma_s) and

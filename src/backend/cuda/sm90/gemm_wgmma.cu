@@ -11,8 +11,8 @@
 //     dequantised W) for the async proxy, one barrier, issue the next k-tile's copies, four wgmma on the
 //     descriptors advanced by 32 bytes per k16, commit; dequantise the next k-tile's W while they run; wait.
 //     Shared memory: 3 x 21 KB ring + 2 x 16 KB dequantised W (96 KB): two CTAs per SM.
-//     H200, synthetic 35B (PERF.md session 6): 8K prompt +4.3% over mma.sync; with 64-row tiles (m64n64k16 per
-//     warpgroup, the experts at 2K) it was slower than mma.sync, so 64-row tiles stay on mma.sync.
+//     H200, synthetic 35B (PERF.md session 6): 8K prompt +4.8% over mma.sync, 128K 8.97 -> 8.71 s. 64-row
+//     tiles (m64n64k16 per warpgroup, the experts at 2K) were slower than mma.sync, so they stay on mma.sync.
 #include <cstdint>
 
 #include "backend/cuda/gemm_tile.cuh"
