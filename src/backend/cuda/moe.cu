@@ -189,10 +189,15 @@ __device__ __forceinline__ int gate_up_tile(int j, int tr, int64_t F, int64_t ti
     return (int)min((int64_t)tr, F - r0);
 }
 
-// Where slot q's row r0 sits in its matrices (the shared expert's, or the stacked experts' from s_row0 after
-// routing).
-__device__ __forceinline__ int64_t gate_up_source_row(int q, int64_t r0, const int64_t* s_row0) {
-    return (q == 0 ? 0 : s_row0[q]) + r0;
+// Slot q's gate and up matrices (the shared expert's for q = 0, else the stacked experts') and the row where its
+// row r0 sits in them (for an expert, from s_row0 after routing).
+struct gate_up_source {
+    const dmat& G;
+    const dmat& U;
+    int64_t row;
+};
+__device__ __forceinline__ gate_up_source gate_up_rows(const dmoe& m, int q, int64_t r0, const int64_t* s_row0) {
+    return {q == 0 ? m.s_gate : m.gate, q == 0 ? m.s_up : m.up, (q == 0 ? 0 : s_row0[q]) + r0};
 }
 
 // The gate/up kernels' start (every thread calls it): tile 0 first if it is the shared expert's (it needs no
@@ -252,9 +257,7 @@ __global__ void __launch_bounds__(k_stream_threads)
         int q;
         int64_t r0;
         const int nr = tile(j, q, r0);
-        const dmat& G = q == 0 ? m.s_gate : m.gate;
-        const dmat& U = q == 0 ? m.s_up : m.up;
-        const int64_t row = gate_up_source_row(q, r0, s_row0);
+        const auto [G, U, row] = gate_up_rows(m, q, r0, s_row0);
         char* s = slots + (j % k_ring_gate_up) * slot_bytes;
         block_copy_async(s, G.w + row * rw, nr * rw * 4);
         block_copy_async(s + code_bytes, U.w + row * rw, nr * rw * 4);
@@ -337,9 +340,7 @@ __global__ void __launch_bounds__(k_gu_mma_threads)
         int q;
         int64_t r0;
         const int nr = tile(j, q, r0);
-        const dmat& G = q == 0 ? m.s_gate : m.gate;
-        const dmat& U = q == 0 ? m.s_up : m.up;
-        const int64_t row = gate_up_source_row(q, r0, s_row0);
+        const auto [G, U, row] = gate_up_rows(m, q, r0, s_row0);
         char* s = slots + (j % S) * slot_bytes;
         copy_rows_mma(s, s + 2 * cb, G.w + row * rw, G.sb + row * ng, nr, rw, ng);
         copy_rows_mma(s + cb, s + 2 * cb + sbb, U.w + row * rw, U.sb + row * ng, nr, rw, ng);
