@@ -139,9 +139,12 @@ struct backend_options {
     float router_skew = 0.0f;     // > 0: synthetic routing prefers some experts (Zipf-like), as real traffic does
     // Matrix products over many rows (prompts) with ~fp32 accuracy (split bf16 operands) instead of fp16 inputs.
     bool precise_gemm = false;
+    // KV cache in FP8 E4M3 with a power-of-two scale per (position, KV head) (core/fp8.h) instead of bf16: half
+    // the cache's memory and bytes per decode step, ~2^-4 relative rounding of K and V (docs/QUALITY.md).
+    bool kv_fp8 = false;
 };
 
-std::unique_ptr<backend> make_cpu_backend(const model_config& cfg);
+std::unique_ptr<backend> make_cpu_backend(const model_config& cfg, const backend_options& opt = {});
 // nullptr with a reason in *why when the CUDA backend is not compiled in or no GPU is usable.
 std::unique_ptr<backend> make_cuda_backend(const model_config& cfg, const backend_options& opt, std::string* why);
 // "cpu" or "cuda"; throws tansy::error naming the reason when unavailable.

@@ -74,6 +74,7 @@ int cmd_bench(int argc, char** argv) {
     if (!p.has("--prompts") && eo.backend == "cpu") o.prompts = {256, 2048};
     eo.backend_opt.synthetic_seed = (uint64_t)p.integer("--seed", 1);
     eo.backend_opt.router_skew = (float)p.number("--skew", 0.0);
+    o.kv_fp8 = eo.backend_opt.kv_fp8;
     std::unique_ptr<engine> eng;
     std::string what;
     if (p.has("--synthetic")) {

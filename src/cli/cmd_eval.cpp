@@ -136,6 +136,7 @@ run_result run_side(const std::string& name, const engine_options& o, const std:
     r.backend = eng->be().name();
     r.weights = describe_weights(eng->mdl());
     if (o.weights == "q4") r.weights += ", quantised at load";
+    if (o.backend_opt.kv_fp8) r.weights += ", FP8 KV cache";
     r.vocab = eng->cfg().vocab;
     // Rows 0..positions-1 predict ids 1..positions: the last id is a target only.
     const std::vector<int32_t> in(ids.begin(), ids.begin() + positions);
@@ -185,6 +186,7 @@ int cmd_eval(int argc, char** argv) {
         "Δperplexity %, top-1 agreement, and the mean, p99 and max of KL(reference || candidate) per position.\n"
         "E.g. bf16 cpu vs 4-bit cpu:  --model BF16_DIR --compare-weights q4\n"
         "     4-bit cpu vs 4-bit gpu: --model Q4_DIR --compare-backend cuda\n"
+        "     bf16 vs FP8 KV cache:    --compare-kv-cache fp8\n"
         "Reference tensors: logits [n, vocab] (KL, top-1, their perplexity), argmax ids [n] (top-1), or NLL [n]\n"
         "floats (their mean); a reference may cover all n positions or the n-1 predicted ones.\n"
         "--lily evaluates the first 192 predicted positions and prints Perplexity's Lily figures beside them.");
@@ -194,6 +196,7 @@ int cmd_eval(int argc, char** argv) {
         .option("--compare-model", "DIR", "run B's checkpoint (default: run A's)")
         .option("--compare-backend", "NAME", "run B's backend: cpu or cuda (default: run A's)")
         .option("--compare-weights", "W", "run B's weights: checkpoint, q4 or bf16 (default: run A's)")
+        .option("--compare-kv-cache", "TYPE", "run B's KV cache: bf16 or fp8 (default: run A's)")
         .option("--reference", "PATH", "safetensors file with reference tensors")
         .option("--reference-key", "KEY", "tensor to compare with (repeatable)", "", true)
         .option("--positions", "N", "evaluate only the first N predicted positions")
@@ -229,11 +232,17 @@ int cmd_eval(int argc, char** argv) {
         positions = want;
     }
 
-    const bool compare = p.has("--compare-model") || p.has("--compare-backend") || p.has("--compare-weights");
+    const bool compare = p.has("--compare-model") || p.has("--compare-backend") || p.has("--compare-weights") ||
+                         p.has("--compare-kv-cache");
     engine_options ob = oa;
     if (p.has("--compare-model")) ob.model_dir = p.str("--compare-model");
     if (p.has("--compare-backend")) ob.backend = p.str("--compare-backend");
     if (p.has("--compare-weights")) ob.weights = p.str("--compare-weights");
+    if (p.has("--compare-kv-cache")) {
+        const std::string kv = p.str("--compare-kv-cache");
+        if (kv != "bf16" && kv != "fp8") fail("--compare-kv-cache must be bf16 or fp8, got '%s'", kv.c_str());
+        ob.backend_opt.kv_fp8 = kv == "fp8";
+    }
 
     // The runs one after the other, so that only one model is in memory at a time.
     std::vector<run_result> runs;

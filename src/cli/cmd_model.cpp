@@ -32,6 +32,9 @@ void add_engine_options(arg_parser& p) {
         .option("--deltanet", "FORM",
                 "DeltaNet prompt spans: auto (the chunk-parallel form, the default), chunked or recurrent (token by "
                 "token)")
+        .option("--kv-cache", "TYPE",
+                "KV cache: bf16 (the default) or fp8 (E4M3 with a power-of-two scale per position and KV head: half "
+                "the memory and decode traffic of long contexts, ~2^-4 relative rounding of K and V)")
         .option("--verbose", "", "log loading details", "-v");
 }
 
@@ -54,6 +57,9 @@ engine_options engine_options_from(const arg_parser& p) {
     else if (dn == "chunked") o.gdn = gdn_mode::chunked;
     else if (dn == "recurrent") o.gdn = gdn_mode::recurrent;
     else fail("--deltanet must be auto, chunked or recurrent, got '%s'", dn.c_str());
+    const std::string kv = p.str("--kv-cache", "bf16");
+    if (kv != "bf16" && kv != "fp8") fail("--kv-cache must be bf16 or fp8, got '%s'", kv.c_str());
+    o.backend_opt.kv_fp8 = kv == "fp8";
     if (p.has("--verbose")) set_log_level(log_level::debug);
     return o;
 }

@@ -49,6 +49,7 @@ struct bench_options {
     // (seconds each) run fewer times: 5 up to 8K, 2 at 32K, 1 at 128K by default.
     int64_t prefill_run_tokens = 65536;
     double peak_tflops = H200_BF16_DENSE_TFLOPS;
+    bool kv_fp8 = false;  // the engine's KV cache is FP8 (bytes per step)
 };
 
 // FLOPs of prefilling n_prompt tokens after n_past cached ones, up to the first token's logits:
@@ -76,7 +77,7 @@ int prefill_runs(int64_t n_prompt, const bench_options& o);
 prefill_point bench_prefill(engine& eng, int64_t n_prompt, const bench_options& o);
 
 // Minimum bytes one decode step moves for `batch` sequences at `context` tokens.
-double decode_bytes_per_step(const model& m, int64_t batch, int64_t context);
+double decode_bytes_per_step(const model& m, int64_t batch, int64_t context, bool kv_fp8 = false);
 
 bench_point bench_decode(engine& eng, int64_t batch, int64_t context, const bench_options& o);
 

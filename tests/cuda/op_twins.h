@@ -15,15 +15,16 @@ struct pair_of_backends {
     std::unique_ptr<backend> cpu, gpu;
 };
 
-inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c, bool precise_gemm = false) {
+inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c, bool precise_gemm = false, bool kv_fp8 = false) {
     auto p = std::make_unique<pair_of_backends>();
     synthetic_options so;
     so.materialize = true;
     so.seed = 7;
     p->m = make_synthetic_model(c, so);
-    p->cpu = make_backend("cpu", c);
     backend_options bo;
     bo.precise_gemm = precise_gemm;
+    bo.kv_fp8 = kv_fp8;
+    p->cpu = make_backend("cpu", c, bo);
     p->gpu = make_backend("cuda", c, bo);
     p->cpu->bind(p->m);
     p->gpu->bind(p->m);

@@ -23,6 +23,9 @@ constexpr double TOL_PREFILL = 1e-2;
 // Any one row (Hq*dh values): the emulation's worst row is ~5e-3. It catches a single wrong key or a wrong
 // partial tile that the whole-batch error would dilute.
 constexpr double TOL_PREFILL_ROW = 2e-2;
+// With the FP8 cache both backends round K and V to the same E4M3 values (core/fp8.h; a value whose fp32 K
+// differs across a rounding boundary may take the neighbouring code, rare and diluted), so the same bounds
+// hold; a wrong code, scale or tile conversion moves rows by ~2^-4 relative or more.
 
 constexpr int64_t k_capacity = 512;  // KV rows per sequence: the longest here is 300 + 200 + 1
 
@@ -108,6 +111,32 @@ TEST(cuda_attention_prefill, tiny_shapes) {
     TANSY_REQUIRE_GPU();
     auto p = make_pair(tiny_config());
     check_prefill(*p);
+}
+
+// The FP8 KV cache: E4M3 tiles converted to bf16 in shared memory, on the decode and the prefill kernels.
+TEST(cuda_attention_prefill, fp8_cache_real_shapes) {
+    TANSY_REQUIRE_GPU();
+    auto p = make_pair(real_config(), false, /*kv_fp8=*/true);
+    check_prefill(*p);
+}
+
+TEST(cuda_attention_prefill, fp8_cache_tiny_shapes) {
+    TANSY_REQUIRE_GPU();
+    auto p = make_pair(tiny_config(), false, true);
+    check_prefill(*p);
+}
+
+TEST(cuda_attention_prefill, fp8_cache_every_variant) {
+    TANSY_REQUIRE_GPU();
+    struct reset {
+        ~reset() { cuda::force_attention_prefill_variant(0, 0); }
+    } guard;
+    auto p = make_pair(real_config(), false, true);
+    for (auto [hpc, bn] : {std::pair{2, 32}, std::pair{1, 64}, std::pair{1, 32}}) {
+        SCOPED_TRACE("heads per CTA " + std::to_string(hpc) + ", key tile " + std::to_string(bn));
+        cuda::force_attention_prefill_variant(hpc, bn);
+        check_prefill(*p);
+    }
 }
 
 // The smaller variants (one query head per CTA, key tiles of 32) that GPUs with less shared memory, or odd

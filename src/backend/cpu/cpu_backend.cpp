@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "core/check.h"
+#include "core/fp8.h"
 #include "sampling/sampler.h"
 
 namespace tansy {
@@ -49,7 +50,7 @@ float* f32(const tensor& t) {
 
 class cpu_backend final : public backend {
   public:
-    explicit cpu_backend(const model_config& cfg) : cfg_(cfg) {}
+    cpu_backend(const model_config& cfg, const backend_options& opt) : cfg_(cfg), kv_fp8_(opt.kv_fp8) {}
     const char* name() const override { return "cpu"; }
     dtype act_type() const override { return dtype::f32; }
     void bind(const model& m) override {
@@ -150,6 +151,7 @@ class cpu_backend final : public backend {
 
   private:
     model_config cfg_;
+    bool kv_fp8_ = false;  // the cache holds K and V as the FP8 cache would (core/fp8.h)
 };
 
 // MODEL.md §3. Per span: norm + rotate the new keys, append to the cache, then every (row, head) attends
@@ -173,8 +175,12 @@ void cpu_backend::attention(const tensor& out, const tensor& qg, const tensor& k
                 cpu::rms_norm(kr + h * dh, kr + h * dh, 1, dh, w.k_norm.data(), c.eps);
                 cpu::rope_neox(kr + h * dh, c.rope_dim, s.pos0 + r, c.rope_theta);
             }
-            memcpy(&K[(size_t)((s.pos0 + r) * kvd)], kr, sizeof(float) * kvd);
-            memcpy(&V[(size_t)((s.pos0 + r) * kvd)], vp + (s.row0 + r) * kvd, sizeof(float) * kvd);
+            float* kc = &K[(size_t)((s.pos0 + r) * kvd)];
+            float* vc = &V[(size_t)((s.pos0 + r) * kvd)];
+            memcpy(kc, kr, sizeof(float) * kvd);
+            memcpy(vc, vp + (s.row0 + r) * kvd, sizeof(float) * kvd);
+            if (kv_fp8_)
+                for (int64_t h = 0; h < Hkv; h++) kv8_round(kc + h * dh, dh), kv8_round(vc + h * dh, dh);
         }
     }
     const float* qgp = f32(qg);
@@ -316,10 +322,12 @@ void cpu_backend::moe(const tensor& x, vec_view norm, float eps, const moe_weigh
 
 }  // namespace
 
-std::unique_ptr<backend> make_cpu_backend(const model_config& cfg) { return std::make_unique<cpu_backend>(cfg); }
+std::unique_ptr<backend> make_cpu_backend(const model_config& cfg, const backend_options& opt) {
+    return std::make_unique<cpu_backend>(cfg, opt);
+}
 
 std::unique_ptr<backend> make_backend(const std::string& name, const model_config& cfg, const backend_options& opt) {
-    if (name == "cpu") return make_cpu_backend(cfg);
+    if (name == "cpu") return make_cpu_backend(cfg, opt);
     if (name == "cuda") {
         std::string why;
         auto be = make_cuda_backend(cfg, opt, &why);

@@ -18,6 +18,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_tile.cuh"
 #include "backend/cuda/common.cuh"
+#include "core/fp8.h"
 
 namespace tansy::cuda {
 
@@ -25,6 +26,9 @@ namespace {
 
 constexpr int DH = 256, DPL = DH / 32, k_warps = 8, k_max_splits = 256;
 constexpr int k_min_split = 64;  // positions: below this a slice is not worth a block (one key tile)
+// An FP8 cache's fp16 query remainder (precise mode) is stored times 2^11: about as large as the query again,
+// clear of fp16's subnormals (exact scaling).
+constexpr float k_q_lo_scale = 2048.0f;
 
 __device__ __forceinline__ int position_of(const attn_params& p, int t, dseq* s_out) {
     const drow r = p.rows[t];
@@ -35,6 +39,25 @@ __device__ __forceinline__ int position_of(const attn_params& p, int t, dseq* s_
 // Rows of long spans belong to attention_prefill (attention.cuh); the decode kernels leave them alone.
 __device__ __forceinline__ bool row_in_prefill(const attn_params& p, int t) {
     return p.spans && p.spans[p.rows[t].seq].n >= k_attn_prefill_min_rows;
+}
+
+// One (position, KV head) row of the FP8 cache from the warp's DH values (DPL per lane): the power-of-two scale
+// of the row's largest magnitude (core/fp8.h) and the E4M3 codes, rounded to nearest even as kv8_round does.
+__device__ __forceinline__ void store_kv8(uint8_t* dst, float* scale, const float (&x)[DPL], int lane) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const int e = kv8_scale_exp(amax);
+    const float inv = __int_as_float((127 - e) << 23);  // 2^-e, exact
+    static_assert(DPL == 8, "8 codes per lane: one 8-byte store");
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < DPL; i++)
+        w[i / 4] |= (uint32_t)__nv_cvt_float_to_fp8(x[i] * inv, __NV_SATFINITE, __NV_E4M3) << (8 * (i % 4));
+    *reinterpret_cast<uint2*>(dst + lane * DPL) = make_uint2(w[0], w[1]);
+    if (lane == 0) *scale = __int_as_float((127 + e) << 23);
 }
 
 __global__ void __launch_bounds__(k_warps * 32) prep_kernel(const attn_params p) {
@@ -77,6 +100,14 @@ __global__ void __launch_bounds__(k_warps * 32) prep_kernel(const attn_params p)
     if (is_q) {
 #pragma unroll
         for (int i = 0; i < DPL; i++) p.q[((int64_t)t * p.Hq + hi) * DH + lane * DPL + i] = v[i];
+    } else if (p.shape.kv8) {
+        const int64_t row = (int64_t)pos * p.shape.kvd + kh * DH, srow = (int64_t)pos * p.shape.hkv + kh;
+        const float* vs = p.v + ((int64_t)t * p.Hkv + kh) * DH;
+        float w[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i++) w[i] = vs[lane * DPL + i];
+        store_kv8(kv8_k(s, p.shape, p.slot) + row, kv8_ks(s, p.shape, p.slot) + srow, v, lane);
+        store_kv8(kv8_v(s, p.shape, p.slot) + row, kv8_vs(s, p.shape, p.slot) + srow, w, lane);
     } else {
         uint16_t* K = kv_k(s, p.shape, p.slot) + (int64_t)pos * p.shape.kvd + kh * DH;
         uint16_t* V = kv_v(s, p.shape, p.slot) + (int64_t)pos * p.shape.kvd + kh * DH;
@@ -103,19 +134,25 @@ __device__ __forceinline__ int split_len(int len, int n_splits) {
 // The warps' partials fold through shared memory into one per head for the combine kernel.
 // v3 (one warp per position, fp32 FMAs, a warp reduction per head and position) was bound by instruction issue:
 // ~350 instructions per position and KV head, 1.2 TB/s of KV cache at 128K on an H200.
-template <int G, int BN>
+template <int G, int BN, bool KV8>
 struct split_cfg {
-    static constexpr int WARPS = BN / 16, THREADS = WARPS * 32, LD = DH + 8;
-    // sQ [16][LD] | 2 stages x (K, V) [BN][LD]; after the loop the K/V space holds the fold's partials
-    static constexpr size_t SMEM = (size_t)(16 + 4 * BN) * LD * sizeof(uint16_t);
+    // WARPS do the math, 16 keys of a tile each. With an FP8 cache as many again join in the copies and the
+    // E4M3 -> fp16 conversion: with one warp per scheduler the conversion ran latency-bound (Nsight Compute,
+    // H200: 4.1 cycles per issued instruction, 128K decode slower than the bf16 cache).
+    static constexpr int WARPS = BN / 16, THREADS = (KV8 ? 2 : 1) * WARPS * 32, LD = DH + 8;
+    // an FP8 cache keeps 3 raw tiles in flight beside the one being converted (half the bytes of a bf16 tile
+    // each; with 1 in flight + 1 converting, H200 128K decode ran at 1.8 TB/s of cache: latency-bound)
+    using tiles = kv_tiles<KV8, DH, THREADS, BN, 4>;
+    // sQ [16][LD] | the K/V tiles; after the loop the K/V space holds the fold's partials
+    static constexpr size_t SMEM = (size_t)16 * LD * sizeof(uint16_t) + tiles::SMEM;
     static_assert(G <= 8, "two rows per query head");
-    static_assert((size_t)WARPS * G * (DH + 2) * sizeof(float) <= (size_t)4 * BN * LD * sizeof(uint16_t), "fold space");
+    static_assert((size_t)WARPS * G * (DH + 2) * sizeof(float) <= tiles::SMEM, "fold space");
 };
 
-template <int G, int BN>
-__global__ void __launch_bounds__(split_cfg<G, BN>::THREADS) split_kernel(const attn_params p) {
-    using C = split_cfg<G, BN>;
-    constexpr int LD = C::LD, NT_O = DH / 8, STAGE = 2 * BN * LD;
+template <int G, int BN, bool KV8>
+__global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(const attn_params p) {
+    using C = split_cfg<G, BN, KV8>;
+    constexpr int LD = C::LD, NT_O = DH / 8;
     extern __shared__ __align__(16) uint16_t smem_kv[];
     uint16_t* sQ = smem_kv;
     uint16_t* sKV = sQ + 16 * LD;
@@ -130,29 +167,30 @@ __global__ void __launch_bounds__(split_cfg<G, BN>::THREADS) split_kernel(const 
     const int start = sp * S, end = min(len, start + S);
     const int64_t part0 = ((int64_t)t * p.Hq + kh * G) * p.n_splits + sp;  // + g * n_splits
     if (start >= end) return;  // the combine kernel only reads the slices that exist
-    const int n_tiles = (end - start + BN - 1) / BN;
-    const int64_t kvd = p.shape.kvd;
-    const uint16_t* Kg = kv_k(s, p.shape, p.slot) + (int64_t)kh * DH;
-    const uint16_t* Vg = kv_v(s, p.shape, p.slot) + (int64_t)kh * DH;
-    auto load_stage = [&](int kt) {
-        uint16_t* st = sKV + (kt & 1) * STAGE;
-        load_kv_tile<DH, C::THREADS, BN>(st, Kg, kvd, start + kt * BN, end);
-        load_kv_tile<DH, C::THREADS, BN>(st + BN * LD, Vg, kvd, start + kt * BN, end);
-        cp_async_commit();
-    };
-    load_stage(0);
-    // Q rows: g < G the bf16 head, 8 + g its remainder, the others zero
+    const int n_tiles = (end - start + BN - 1) / BN;  // kv.n_tiles
+    typename C::tiles kv = cache_tiles<typename C::tiles>(s, p.shape, p.slot, kh, reinterpret_cast<char*>(sKV), start, end);
+    kv.start();
+    // Q rows: g < G the head in the tiles' 16-bit type (bf16, or fp16 for an FP8 cache), 8 + g its remainder
+    // (fp16: times k_q_lo_scale, clear of fp16's subnormals), the others zero
     for (int c = threadIdx.x; c < 16 * DH / 4; c += C::THREADS) {
         const int row = c / (DH / 4), d = (c % (DH / 4)) * 4, g = row % 8;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (g < G) v = *reinterpret_cast<const float4*>(p.q + ((int64_t)t * p.Hq + kh * G + g) * DH + d);
-        uint2 hi = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+        uint2 hi = make_uint2(pack_16bit<KV8>(v.x, v.y), pack_16bit<KV8>(v.z, v.w));
         if (row >= 8 && p.q_bf16) {
             hi = make_uint2(0u, 0u);
         } else if (row >= 8) {
-            const float4 r = make_float4(v.x - __uint_as_float(hi.x << 16), v.y - __uint_as_float(hi.x & 0xFFFF0000u),
-                                         v.z - __uint_as_float(hi.y << 16), v.w - __uint_as_float(hi.y & 0xFFFF0000u));
-            hi = make_uint2(pack_bf16(r.x, r.y), pack_bf16(r.z, r.w));
+            float4 r;
+            if constexpr (KV8) {
+                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&hi.x));
+                const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi.y));
+                r = make_float4((v.x - a.x) * k_q_lo_scale, (v.y - a.y) * k_q_lo_scale, (v.z - b.x) * k_q_lo_scale,
+                                (v.w - b.y) * k_q_lo_scale);
+            } else {
+                r = make_float4(v.x - __uint_as_float(hi.x << 16), v.y - __uint_as_float(hi.x & 0xFFFF0000u),
+                                v.z - __uint_as_float(hi.y << 16), v.w - __uint_as_float(hi.y & 0xFFFF0000u));
+            }
+            hi = make_uint2(pack_16bit<KV8>(r.x, r.y), pack_16bit<KV8>(r.z, r.w));
         }
         *reinterpret_cast<uint2*>(sQ + row * LD + d) = hi;
     }
@@ -165,27 +203,32 @@ __global__ void __launch_bounds__(split_cfg<G, BN>::THREADS) split_kernel(const 
 #pragma unroll
     for (int j = 0; j < NT_O; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m = -INFINITY, l = 0.0f;  // head lane/4: running max (raw score), this thread's share of the sum
+    v_reference vref;               // KV8: O's units
+    const bool math = warp < C::WARPS;  // the other warps (FP8 cache) only copy and convert tiles
     for (int kt = 0; kt < n_tiles; kt++) {
-        cp_async_wait<0>();
-        __syncthreads();  // tile kt (and Q) visible; everyone is done with tile kt-1's stage
-        if (kt + 1 < n_tiles) load_stage(kt + 1);
-        const uint16_t* st = sKV + (kt & 1) * STAGE;
+        const uint16_t* st = kv.next(kt);  // tile kt (and Q) visible to all; tile kt+1 on its way
+        if (!math) continue;
         float sc[2][4] = {};
 #pragma unroll
         for (int ks = 0; ks < DH / 16; ks++) {
             uint32_t a[4], b[4];
             ldmatrix_x4(a, q_lane + ks * 16);
             ldmatrix_x4(b, st + k_off + ks * 16);
-            mma_bf16(sc[0], a, b[0], b[1]);
-            mma_bf16(sc[1], a, b[2], b[3]);
+            mma_16bit<KV8>(sc[0], a, b[0], b[1]);
+            mma_16bit<KV8>(sc[1], a, b[2], b[3]);
         }
-        // this thread's scores: head lane/4, keys 2(lane%4) + {0, 1} of n-tiles 0 and 1 (hi row + lo row)
-        const int kbase = start + kt * BN + warp * 16 + 2 * (lane % 4);
+        // this thread's scores: head lane/4, keys 2(lane%4) + {0, 1} of n-tiles 0 and 1 (hi row + lo row); an
+        // FP8 tile's K is unscaled: times the key's scale
+        const int kin = warp * 16 + 2 * (lane % 4), kbase = start + kt * BN + kin;
         float x[4];
 #pragma unroll
         for (int j = 0; j < 2; j++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) x[2 * j + e] = kbase + 8 * j + e < end ? sc[j][e] + sc[j][2 + e] : -INFINITY;
+            for (int e = 0; e < 2; e++) {
+                float v = KV8 ? (sc[j][e] + sc[j][2 + e] * (1.0f / k_q_lo_scale)) * kv.k_scale[kin + 8 * j + e]
+                              : sc[j][e] + sc[j][2 + e];
+                x[2 * j + e] = kbase + 8 * j + e < end ? v : -INFINITY;
+            }
         float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -198,15 +241,22 @@ __global__ void __launch_bounds__(split_cfg<G, BN>::THREADS) split_kernel(const 
         for (int e = 0; e < 4; e++) pr[e] = exp2f(fmaf(x[e], sl2, -msc));
         l = l * corr + (pr[0] + pr[1]) + (pr[2] + pr[3]);
         m = mx;
-        const uint32_t pa[4] = {pack_bf16(pr[0], pr[1]), 0u, pack_bf16(pr[2], pr[3]), 0u};  // rows 8-15: none
+        float oc = corr, pf = 1.0f;
+        if constexpr (KV8) pf = vref.enter(kv.v_scale, &oc);
+        const uint32_t pa[4] = {pack_16bit<KV8>(pr[0] * pf, pr[1] * pf), 0u, pack_16bit<KV8>(pr[2] * pf, pr[3] * pf),
+                                0u};  // rows 8-15: none
 #pragma unroll
         for (int j = 0; j < NT_O; j += 2) {
             uint32_t b[4];
             ldmatrix_x4_trans(b, st + v_off + j * 8);
-            o[j][0] *= corr, o[j][1] *= corr, o[j + 1][0] *= corr, o[j + 1][1] *= corr;
-            mma_bf16(o[j], pa, b[0], b[1]);
-            mma_bf16(o[j + 1], pa, b[2], b[3]);
+            o[j][0] *= oc, o[j][1] *= oc, o[j + 1][0] *= oc, o[j + 1][1] *= oc;
+            mma_16bit<KV8>(o[j], pa, b[0], b[1]);
+            mma_16bit<KV8>(o[j + 1], pa, b[2], b[3]);
         }
+    }
+    if constexpr (KV8) {
+#pragma unroll
+        for (int j = 0; j < NT_O; j++) o[j][0] *= vref.ref, o[j][1] *= vref.ref;
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -217,7 +267,7 @@ __global__ void __launch_bounds__(split_cfg<G, BN>::THREADS) split_kernel(const 
     float* s_m = s_acc + C::WARPS * G * DH;
     float* s_l = s_m + C::WARPS * G;
     const int g = lane / 4;
-    if (g < G) {
+    if (math && g < G) {
 #pragma unroll
         for (int j = 0; j < NT_O; j++)
             *reinterpret_cast<float2*>(s_acc + (warp * G + g) * DH + j * 8 + 2 * (lane % 4)) = make_float2(o[j][0], o[j][1]);
@@ -287,17 +337,27 @@ void attention_prep(const attn_params& p, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-// Key tiles of 64 (4 warps) where the shared memory allows (143 KB at head_dim 256), else 32 (76 KB).
-template <int G>
+// Key tiles of 64 (4 warps) where the shared memory allows (bf16: 143 KB at head_dim 256; FP8: 204 KB), else 32.
+template <int G, bool KV8>
 void launch_split(const attn_params& p, cudaStream_t stream) {
     const dim3 grid((unsigned)p.T, (unsigned)p.Hkv, (unsigned)p.n_splits);
-    if (split_cfg<G, 64>::SMEM <= max_dynamic_smem()) {
-        allow_dynamic_smem<split_kernel<G, 64>>(split_cfg<G, 64>::SMEM);
-        launch_pdl(split_kernel<G, 64>, grid, dim3(split_cfg<G, 64>::THREADS), split_cfg<G, 64>::SMEM, stream, p);
+    if (split_cfg<G, 64, KV8>::SMEM <= max_dynamic_smem()) {
+        using C = split_cfg<G, 64, KV8>;
+        allow_dynamic_smem<split_kernel<G, 64, KV8>>(C::SMEM);
+        launch_pdl(split_kernel<G, 64, KV8>, grid, dim3(C::THREADS), C::SMEM, stream, p);
     } else {
-        allow_dynamic_smem<split_kernel<G, 32>>(split_cfg<G, 32>::SMEM);
-        launch_pdl(split_kernel<G, 32>, grid, dim3(split_cfg<G, 32>::THREADS), split_cfg<G, 32>::SMEM, stream, p);
+        using C = split_cfg<G, 32, KV8>;
+        allow_dynamic_smem<split_kernel<G, 32, KV8>>(C::SMEM);
+        launch_pdl(split_kernel<G, 32, KV8>, grid, dim3(C::THREADS), C::SMEM, stream, p);
     }
+}
+
+template <int G>
+void launch_split(const attn_params& p, cudaStream_t stream) {
+    if (p.shape.kv8)
+        launch_split<G, true>(p, stream);
+    else
+        launch_split<G, false>(p, stream);
 }
 
 void attention_decode(const attn_params& p, cudaStream_t stream) {

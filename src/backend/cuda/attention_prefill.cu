@@ -37,28 +37,28 @@ std::atomic<int> g_forced_hpc{0}, g_forced_bn{0};  // force_attention_prefill_va
 
 constexpr int BLOCK_M = 64;  // query rows per head and CTA: 4 warps x 16 (the m of one mma)
 
-template <int DH, int HPC, int BN>
+template <int DH, int HPC, int BN, bool KV8>
 struct prefill_cfg {
     static constexpr int WARPS = 4 * HPC, THREADS = WARPS * 32;
     // note: rows padded by 8 bf16 (16 bytes): a row is then 33 16-byte units apart from the next, so the 8
     // row addresses of one ldmatrix phase fall in 8 different bank groups (no conflicts, no swizzle needed)
     static constexpr int LD = DH + 8;
     static constexpr int Q_ROWS = HPC * BLOCK_M;
-    // sQ [HPC*64 rows] | stage 0: sK, sV [BN rows each] | stage 1: sK, sV
-    static constexpr size_t SMEM = (size_t)(Q_ROWS + 4 * BN) * LD * sizeof(uint16_t);
+    using tiles = kv_tiles<KV8, DH, THREADS, BN, 2>;
+    // sQ [HPC*64 rows] | the K/V tiles (bf16: stage 0: sK, sV [BN rows each] | stage 1: sK, sV)
+    static constexpr size_t SMEM = (size_t)Q_ROWS * LD * sizeof(uint16_t) + tiles::SMEM;
 };
 
 // grid (Hq / HPC, tiles): blockIdx.y counts the 64-row tiles of the long spans (span by span; the grid is an
 // upper bound and CTAs past the last tile exit). Each (span, tile) is found by walking p.spans on the device, so
 // a captured graph stays valid and nothing is uploaded per call.
-template <int DH, int HPC, int BN>
-__global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_kernel(const attn_params p) {
-    using C = prefill_cfg<DH, HPC, BN>;
+template <int DH, int HPC, int BN, bool KV8>
+__global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN, KV8>::THREADS, 1) prefill_kernel(const attn_params p) {
+    using C = prefill_cfg<DH, HPC, BN, KV8>;
     constexpr int LD = C::LD, NT_S = BN / 8, NT_O = DH / 8;  // n-tiles of 8 in S and in O
-    constexpr int STAGE = 2 * BN * LD;                         // one stage: K then V
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t* sQ = smem;                    // [HPC * BLOCK_M][LD]: head h0's rows, then h0 + 1's
-    uint16_t* sKV = sQ + C::Q_ROWS * LD;    // [2 stages][K, V][BN][LD]
+    uint16_t* sKV = sQ + C::Q_ROWS * LD;    // the K/V tiles (C::tiles)
     pdl_trigger();  // the o_proj GEMV waits (griddepcontrol.wait) for this grid to finish anyway
 
     // 1. this CTA's span and tile; the heaviest (last) tile of a span gets the lowest index, so it starts first
@@ -81,19 +81,12 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
     const int pos_min = sq.meta[0] + r0;              // n_past before this step + offset
     const int pos_max = pos_min + n_rows - 1;
     const int n_keys = pos_max + 1;                   // causal: no row of the tile sees past pos_max
-    const int n_tiles = (n_keys + BN - 1) / BN;
-    const int64_t kvd = p.shape.kvd;
-    const uint16_t* Kg = kv_k(sq, p.shape, p.slot) + (int64_t)kvh * DH;
-    const uint16_t* Vg = kv_v(sq, p.shape, p.slot) + (int64_t)kvh * DH;
-    auto load_stage = [&](int kt) {
-        uint16_t* st = sKV + (kt & 1) * STAGE;
-        load_kv_tile<DH, C::THREADS, BN>(st, Kg, kvd, kt * BN, n_keys);
-        load_kv_tile<DH, C::THREADS, BN>(st + BN * LD, Vg, kvd, kt * BN, n_keys);
-        cp_async_commit();
-    };
+    typename C::tiles kv =
+        cache_tiles<typename C::tiles>(sq, p.shape, p.slot, kvh, reinterpret_cast<char*>(sKV), 0, n_keys);
+    const int n_tiles = kv.n_tiles;
 
     // 2. the first K/V tile in flight while Q (the HPC heads' rows) is converted
-    load_stage(0);
+    kv.start();
     {
         const int64_t ldq = (int64_t)p.Hq * DH;
         const float* qsrc = p.q + (int64_t)(row0 + r0) * ldq + (int64_t)h0 * DH;
@@ -105,7 +98,7 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
             const int hh = qrow / BLOCK_M, i = qrow % BLOCK_M;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // rows past the span: zeros, never stored
             if (i < n_rows) v = *reinterpret_cast<const float4*>(qsrc + i * ldq + hh * DH + d);
-            *reinterpret_cast<uint2*>(sQ + qrow * LD + d) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+            *reinterpret_cast<uint2*>(sQ + qrow * LD + d) = make_uint2(pack_16bit<KV8>(v.x, v.y), pack_16bit<KV8>(v.z, v.w));
         }
     }
 
@@ -121,6 +114,7 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
 #pragma unroll
     for (int j = 0; j < NT_O; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running max (raw score) and this thread's sum
+    v_reference vref;                                           // KV8: O's units
 
     // ldmatrix lane addresses. A (Q, 16x16 per k-step): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in
     // a0..a3 order, so lane l points at row l%16, column 8*(l/16). B (K rows = keys, non-trans): matrices
@@ -133,10 +127,7 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
 
     for (int kt = 0; kt < n_tiles; kt++) {
         const int k0 = kt * BN;
-        cp_async_wait<0>();  // this thread's copies of tile kt have landed
-        __syncthreads();     // everyone's have (and the Q stores); everyone is done with tile kt-1's stage
-        if (kt + 1 < n_tiles) load_stage(kt + 1);  // into tile kt-1's stage: in flight during all of tile kt
-        const uint16_t* st = sKV + (kt & 1) * STAGE;
+        const uint16_t* st = kv.next(kt);  // tile kt (and Q) visible to all; tile kt+1 in flight during all of kt
 
         // 3. S = Q K^T (raw scores, 16 x BN per warp)
         float s[NT_S][4];
@@ -150,9 +141,15 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
             for (int j = 0; j < NT_S; j += 2) {
                 uint32_t b[4];
                 ldmatrix_x4(b, st + k_off + j * 8 * LD + ks * 16);
-                mma_bf16(s[j], a, b[0], b[1]);
-                mma_bf16(s[j + 1], a, b[2], b[3]);
+                mma_16bit<KV8>(s[j], a, b[0], b[1]);
+                mma_16bit<KV8>(s[j + 1], a, b[2], b[3]);
             }
+        }
+        if constexpr (KV8) {  // an FP8 tile's K is unscaled: times each key's scale
+#pragma unroll
+            for (int j = 0; j < NT_S; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] *= kv.k_scale[j * 8 + 2 * (lane % 4) + (e & 1)];
         }
 
         // 4. causal mask, only where the tile reaches past the first row's position: key > position -> -inf
@@ -178,7 +175,10 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
             m[r] = mx;
             msc[r] = mx * sl2;
         }
-        // P as the A operand of P V: k-step c (keys 16c..16c+15) is S n-tiles 2c (a0, a1) and 2c+1 (a2, a3)
+        // P as the A operand of P V: k-step c (keys 16c..16c+15) is S n-tiles 2c (a0, a1) and 2c+1 (a2, a3);
+        // with an FP8 tile, P times the tile's V scale over O's reference (v_reference)
+        float oc = 1.0f, pf = 1.0f;
+        if constexpr (KV8) pf = vref.enter(kv.v_scale, &oc);
         uint32_t pa[BN / 16][4];
         float rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -186,12 +186,13 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
             const float p0 = exp2f(fmaf(s[j][0], sl2, -msc[0])), p1 = exp2f(fmaf(s[j][1], sl2, -msc[0]));
             const float p2 = exp2f(fmaf(s[j][2], sl2, -msc[1])), p3 = exp2f(fmaf(s[j][3], sl2, -msc[1]));
             rs[0] += p0 + p1, rs[1] += p2 + p3;
-            pa[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
-            pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+            pa[j / 2][(j % 2) * 2] = pack_16bit<KV8>(p0 * pf, p1 * pf);
+            pa[j / 2][(j % 2) * 2 + 1] = pack_16bit<KV8>(p2 * pf, p3 * pf);
         }
         l[0] = l[0] * corr[0] + rs[0], l[1] = l[1] * corr[1] + rs[1];
+        const float oc0 = corr[0] * oc, oc1 = corr[1] * oc;
 #pragma unroll
-        for (int j = 0; j < NT_O; j++) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
+        for (int j = 0; j < NT_O; j++) o[j][0] *= oc0, o[j][1] *= oc0, o[j][2] *= oc1, o[j][3] *= oc1;
 
         // 6. O += P V
 #pragma unroll
@@ -200,8 +201,8 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
             for (int j = 0; j < NT_O; j += 2) {
                 uint32_t b[4];
                 ldmatrix_x4_trans(b, st + v_off + c * 16 * LD + j * 8);
-                mma_bf16(o[j], pa[c], b[0], b[1]);
-                mma_bf16(o[j + 1], pa[c], b[2], b[3]);
+                mma_16bit<KV8>(o[j], pa[c], b[0], b[1]);
+                mma_16bit<KV8>(o[j + 1], pa[c], b[2], b[3]);
             }
         }
     }
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
         const int i = qr + 8 * r;
         if (i >= n_rows) continue;
         const int64_t t = row0 + r0 + i;
-        const float inv_l = 1.0f / l[r];
+        const float inv_l = (KV8 ? vref.ref : 1.0f) / l[r];  // KV8: O is in units of vref.ref
         const float* gate = p.qg + t * p.Hq * 2 * DH + (int64_t)h * 2 * DH + DH;
         float* dst = p.out + (t * p.Hq + h) * DH;
 #pragma unroll
@@ -230,19 +231,19 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN>::THREADS, 1) prefill_
     }
 }
 
-template <int DH, int HPC, int BN>
+template <int DH, int HPC, int BN, bool KV8>
 void launch_prefill(const attn_params& p, cudaStream_t stream) {
-    using C = prefill_cfg<DH, HPC, BN>;
-    allow_dynamic_smem<prefill_kernel<DH, HPC, BN>>(C::SMEM);
+    using C = prefill_cfg<DH, HPC, BN, KV8>;
+    allow_dynamic_smem<prefill_kernel<DH, HPC, BN, KV8>>(C::SMEM);
     // upper bound on the tiles of the long spans: sum of ceil(n/64) <= ceil(T/64) + n_spans
     const int64_t tiles = ((int64_t)p.T + BLOCK_M - 1) / BLOCK_M + p.n_spans;
     TANSY_CHECK(tiles <= 65535, "cuda attention prefill: %lld row tiles", (long long)tiles);
-    prefill_kernel<DH, HPC, BN><<<dim3((unsigned)(p.Hq / HPC), (unsigned)tiles), C::THREADS, C::SMEM, stream>>>(p);
+    prefill_kernel<DH, HPC, BN, KV8><<<dim3((unsigned)(p.Hq / HPC), (unsigned)tiles), C::THREADS, C::SMEM, stream>>>(p);
 }
 
 // The variant for these params: forced ones as given, else the largest (heads per CTA first, then key tile)
 // that divides the query-head group and fits the device's shared memory.
-template <int DH>
+template <int DH, bool KV8>
 void launch_variant(const attn_params& p, cudaStream_t stream) {
     const int group = p.Hq / p.Hkv;
     const int hpc = g_forced_hpc.load(), bn = g_forced_bn.load();
@@ -250,16 +251,15 @@ void launch_variant(const attn_params& p, cudaStream_t stream) {
                 "cuda attention prefill: %d heads per CTA with %d query heads per KV head", hpc, group);
     TANSY_CHECK(bn == 0 || bn == 32 || bn == 64, "cuda attention prefill: key tile %d (32 or 64)", bn);
     const size_t have = max_dynamic_smem();
-    auto fits = [&](int hh, int nn) {
-        return (hpc == 0 || hpc == hh) && (bn == 0 || bn == nn) && (hh == 1 || group % 2 == 0) &&
-               (size_t)(hh * BLOCK_M + 4 * nn) * (DH + 8) * sizeof(uint16_t) <= have;
+    auto fits = [&](int hh, int nn, size_t smem) {
+        return (hpc == 0 || hpc == hh) && (bn == 0 || bn == nn) && (hh == 1 || group % 2 == 0) && smem <= have;
     };
-    if (fits(2, 64)) return launch_prefill<DH, 2, 64>(p, stream);
-    if (fits(2, 32)) return launch_prefill<DH, 2, 32>(p, stream);
-    if (fits(1, 64)) return launch_prefill<DH, 1, 64>(p, stream);
-    if (fits(1, 32)) return launch_prefill<DH, 1, 32>(p, stream);
+    if (fits(2, 64, prefill_cfg<DH, 2, 64, KV8>::SMEM)) return launch_prefill<DH, 2, 64, KV8>(p, stream);
+    if (fits(2, 32, prefill_cfg<DH, 2, 32, KV8>::SMEM)) return launch_prefill<DH, 2, 32, KV8>(p, stream);
+    if (fits(1, 64, prefill_cfg<DH, 1, 64, KV8>::SMEM)) return launch_prefill<DH, 1, 64, KV8>(p, stream);
+    if (fits(1, 32, prefill_cfg<DH, 1, 32, KV8>::SMEM)) return launch_prefill<DH, 1, 32, KV8>(p, stream);
     TANSY_ABORT("cuda attention prefill: head_dim %d needs %zu bytes of shared memory per block, the device allows %zu",
-                DH, (size_t)(BLOCK_M + 4 * 32) * (DH + 8) * sizeof(uint16_t), have);
+                DH, prefill_cfg<DH, 1, 32, KV8>::SMEM, have);
 }
 
 }  // namespace
@@ -272,7 +272,12 @@ void attention_prefill(const attn_params& p, cudaStream_t stream) {
     if (p.T == 0 || !p.spans || p.max_span < k_attn_prefill_min_rows) return;  // no long span
     TANSY_CHECK(p.Hkv > 0 && p.Hq % p.Hkv == 0, "cuda attention prefill: %d query heads over %d KV heads", p.Hq, p.Hkv);
     switch (p.dh) {
-        case 256: launch_variant<256>(p, stream); break;
+        case 256:
+            if (p.shape.kv8)
+                launch_variant<256, true>(p, stream);
+            else
+                launch_variant<256, false>(p, stream);
+            break;
         default: TANSY_ABORT("cuda attention prefill: head_dim %d is not supported (256)", p.dh);
     }
     CUDA_CHECK_LAUNCH();

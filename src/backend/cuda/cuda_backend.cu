@@ -37,10 +37,12 @@ class cuda_state final : public seq_state {
   public:
     cuda_state(const dshape& sh, int n_attn, int n_gdn, int64_t capacity) : sh_(sh), n_attn_(n_attn), n_gdn_(n_gdn) {
         capacity_ = capacity;
-        kv_bytes_ = (size_t)n_attn * 2 * sh.capacity * sh.kvd * 2;
+        kv_bytes_ = (size_t)n_attn * 2 * sh.capacity * sh.kvd * (sh.kv8 ? 1 : 2);
+        scale_bytes_ = sh.kv8 ? (size_t)n_attn * 2 * sh.capacity * sh.hkv * 4 : 0;
+        kv_bytes_ = (kv_bytes_ + 255) / 256 * 256;  // the scales and the fp32 state stay aligned
         conv_bytes_ = (size_t)n_gdn * 2 * sh.conv_rows * sh.conv_ch * 4;
         s_bytes_ = (size_t)n_gdn * sh.s_elems * 4;
-        mem_ = device_buffer(kv_bytes_ + conv_bytes_ + s_bytes_ + 256);
+        mem_ = device_buffer(kv_bytes_ + scale_bytes_ + conv_bytes_ + s_bytes_ + 256);
         reset();
     }
     std::unique_ptr<seq_state> clone() const override {
@@ -56,14 +58,15 @@ class cuda_state final : public seq_state {
     }
     dseq dev() const {
         char* base = (char*)mem_.get();
-        return {(uint16_t*)base, (float*)(base + kv_bytes_), (float*)(base + kv_bytes_ + conv_bytes_),
-                (int32_t*)(base + kv_bytes_ + conv_bytes_ + s_bytes_)};
+        char* conv = base + kv_bytes_ + scale_bytes_;
+        return {(uint16_t*)base, sh_.kv8 ? (float*)(base + kv_bytes_) : nullptr, (float*)conv,
+                (float*)(conv + conv_bytes_), (int32_t*)(conv + conv_bytes_ + s_bytes_)};
     }
 
   private:
     dshape sh_;
     int n_attn_, n_gdn_;
-    size_t kv_bytes_ = 0, conv_bytes_ = 0, s_bytes_ = 0;
+    size_t kv_bytes_ = 0, scale_bytes_ = 0, conv_bytes_ = 0, s_bytes_ = 0;
     device_buffer mem_;
 };
 
@@ -95,6 +98,7 @@ class cuda_backend final : public backend {
         CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
         sh_.kvd = cfg.kv_dim();
+        sh_.hkv = cfg.n_kv_heads;
         sh_.conv_rows = cfg.conv_kernel - 1;
         sh_.conv_ch = cfg.lin_conv_dim();
         sh_.s_elems = cfg.lin_v_heads * cfg.lin_k_dim * cfg.lin_v_dim;
@@ -125,6 +129,7 @@ class cuda_backend final : public backend {
     void bind(const model& m) override { weights_.bind(m, stream_, synth_seed_, synth_skew_); }
     void set_synthetic(uint64_t seed, float router_skew) { synth_seed_ = seed, synth_skew_ = router_skew; }
     void set_precise_gemm(bool on) { precise_gemm_ = on; }
+    void set_kv_fp8(bool on) { sh_.kv8 = on; }  // before the first new_state
     uint64_t memory_epoch() const override { return epoch_; }
 
     buffer alloc(int64_t rows, int64_t cols, dtype t) override {
@@ -548,6 +553,7 @@ std::unique_ptr<backend> make_cuda_backend(const model_config& cfg, const backen
     auto be = std::make_unique<cuda_backend>(cfg);
     be->set_synthetic(opt.synthetic_seed, opt.router_skew);
     be->set_precise_gemm(opt.precise_gemm);
+    be->set_kv_fp8(opt.kv_fp8);
     return be;
 }
 

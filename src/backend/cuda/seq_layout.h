@@ -5,12 +5,15 @@
 namespace tansy::cuda {
 
 // One sequence's state lives in one allocation:
-//   kv    [n_attn][2 (K, V)][capacity][Hkv*dh] bf16 (K after norm + RoPE, V raw)
+//   kv    [n_attn][2 (K, V)][capacity][Hkv*dh] bf16 (K after norm + RoPE, V raw), or with an FP8 cache
+//         (dshape::kv8) E4M3 codes, followed by
+//   kv_scale [n_attn][2][capacity][Hkv] fp32: the power-of-two scale of each (position, KV head) (core/fp8.h)
 //   conv  [n_gdn][2 (parity)][K-1][C] fp32  raw pre-conv inputs, oldest first; read parity steps&1, write the other
 //   S     [n_gdn][Hv][dk][dv] fp32
 //   meta  [0] = n_past (tokens processed), [1] = steps (forward steps taken)
 struct dseq {
-    uint16_t* kv = nullptr;
+    uint16_t* kv = nullptr;       // bf16 values, or E4M3 codes (dshape::kv8): kv8_k / kv8_v
+    float* kv_scale = nullptr;    // FP8 cache only
     float* conv = nullptr;
     float* S = nullptr;
     int32_t* meta = nullptr;
@@ -18,6 +21,8 @@ struct dseq {
 
 struct dshape {
     int64_t capacity = 0, kvd = 0;            // KV cache rows and Hkv*dh
+    int64_t hkv = 0;                          // KV heads (the scales per row of an FP8 cache)
+    bool kv8 = false;                         // FP8 E4M3 cache with per-(row, KV head) scales
     int64_t conv_rows = 0, conv_ch = 0;       // K-1, C
     int64_t s_elems = 0;                      // Hv*dk*dv per layer
 };
@@ -38,6 +43,19 @@ __host__ __device__ inline uint16_t* kv_k(const dseq& s, const dshape& d, int sl
 }
 __host__ __device__ inline uint16_t* kv_v(const dseq& s, const dshape& d, int slot) {
     return s.kv + (size_t)(2 * slot + 1) * d.capacity * d.kvd;
+}
+// The FP8 cache (d.kv8): codes and scales of layer `slot`.
+__host__ __device__ inline uint8_t* kv8_k(const dseq& s, const dshape& d, int slot) {
+    return reinterpret_cast<uint8_t*>(s.kv) + (size_t)(2 * slot) * d.capacity * d.kvd;
+}
+__host__ __device__ inline uint8_t* kv8_v(const dseq& s, const dshape& d, int slot) {
+    return reinterpret_cast<uint8_t*>(s.kv) + (size_t)(2 * slot + 1) * d.capacity * d.kvd;
+}
+__host__ __device__ inline float* kv8_ks(const dseq& s, const dshape& d, int slot) {
+    return s.kv_scale + (size_t)(2 * slot) * d.capacity * d.hkv;
+}
+__host__ __device__ inline float* kv8_vs(const dseq& s, const dshape& d, int slot) {
+    return s.kv_scale + (size_t)(2 * slot + 1) * d.capacity * d.hkv;
 }
 __host__ __device__ inline float* conv_buf(const dseq& s, const dshape& d, int slot, int parity) {
     return s.conv + ((size_t)(2 * slot + parity)) * d.conv_rows * d.conv_ch;
