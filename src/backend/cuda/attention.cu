@@ -137,11 +137,14 @@ __device__ __forceinline__ int split_len(int len, int n_splits) {
 template <int G, int BN, bool KV8>
 struct split_cfg {
     // WARPS do the math, 16 keys of a tile each. With an FP8 cache as many again join in the copies and the
-    // E4M3 -> fp16 conversion: with one warp per scheduler the conversion ran latency-bound (Nsight Compute,
-    // H200: 4.1 cycles per issued instruction, 128K decode slower than the bf16 cache).
+    // E4M3 -> fp16 conversion: with one warp per scheduler (and per-unit index arithmetic) the conversion ran
+    // latency-bound (Nsight Compute, H200: 107 us per layer at 128K, 4.1 cycles per issued instruction; 74 us
+    // with both fixed).
     static constexpr int WARPS = BN / 16, THREADS = (KV8 ? 2 : 1) * WARPS * 32, LD = DH + 8;
-    // an FP8 cache keeps 3 raw tiles in flight beside the one being converted (half the bytes of a bf16 tile
-    // each; with 1 in flight + 1 converting, H200 128K decode ran at 1.8 TB/s of cache: latency-bound)
+    // an FP8 cache: 3 raw tiles in flight beside the one being converted (2 measured the same, 74-75 us per
+    // layer at 128K on the H200: the math phase, ~2.3 us per 64-key tile with one math warp per scheduler,
+    // bounds the kernel with either cache; converter warps that double-buffer the fp16 tiles meanwhile were
+    // slower still, 80 us, branch wip/kv8-pipe)
     using tiles = kv_tiles<KV8, DH, THREADS, BN, 4>;
     // sQ [16][LD] | the K/V tiles; after the loop the K/V space holds the fold's partials
     static constexpr size_t SMEM = (size_t)16 * LD * sizeof(uint16_t) + tiles::SMEM;
