@@ -108,7 +108,8 @@ int cmd_bench(int argc, char** argv) {
                 (long long)n, r.tok_s, r.ttft_s * 1e3, r.tflops, r.peak_pct, r.runs, r.runs == 1 ? "" : "s");
     }
     if (p.has("--json")) {
-        nlohmann::json j = {{"model", what}, {"device", eng->be().device_name()}, {"peak_gbps", o.peak_gbps},
+        nlohmann::json j = {{"model", what}, {"device", eng->be().device_name()}, {"kv_cache", o.kv_fp8 ? "fp8" : "bf16"},
+                            {"peak_gbps", o.peak_gbps},
                             {"peak_tflops", o.peak_tflops}, {"rows", nlohmann::json::array()},
                             {"prefill", nlohmann::json::array()}};
         for (const bench_point& r : rows)
@@ -128,7 +129,8 @@ int cmd_bench(int argc, char** argv) {
         for (const bench_point& r : rows)
             printf("%6lld %8lld %10.1f %9.3f %10.1f %8.1f %9.1f%% %9.2f\n", (long long)r.batch, (long long)r.context, r.tok_s,
                    r.step_s * 1e3, r.bytes_per_step / 1e6, r.gbps, r.roofline_pct, r.peak_gib);
-        printf("roofline: %.0f GB/s (--peak-gbps); bytes/step = weights touched + KV cache + DeltaNet state\n", o.peak_gbps);
+        printf("roofline: %.0f GB/s (--peak-gbps); bytes/step = weights touched + KV cache (%s) + DeltaNet state\n",
+               o.peak_gbps, o.kv_fp8 ? "FP8 E4M3 + a scale per KV head" : "bf16");
     }
     if (!prefill.empty()) {
         if (!rows.empty()) printf("\n");
