@@ -97,6 +97,12 @@ class backend {
     // MoE(m) = sum_topk w_i expert_i(m) + sigmoid(g.m) shared(m).
     virtual void moe(const tensor& x, vec_view norm, float eps, const moe_weights& w) = 0;
 
+    // Tests: K (after norm and RoPE) and V of cache row `pos` of full-attention layer `slot`, as the attention
+    // reads them (bf16, or FP8 dequantised), kv_dim floats each.
+    virtual void read_kv(const seq_state& st, int slot, int64_t pos, float* k, float* v) {
+        fail("backend %s: reading the KV cache back is not supported", name());
+    }
+
     // Called once a forward step has updated every layer: states of the spans advance by their lengths
     // (backends that keep positions on the device update them here).
     virtual void end_step(const std::vector<seq_span>& spans) {}

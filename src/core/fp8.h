@@ -3,7 +3,8 @@
 // scale chosen from the vector's largest magnitude (kv8_scale_exp), so that the largest value lands at most at
 // 448. A power of two makes x / scale and code * scale exact: the CPU reference and the CUDA kernels dequantise
 // to the very same floats. Host code here; the CUDA kernels use the same exponent rule (kv8_scale_exp is
-// __host__ __device__) and the hardware's round-to-nearest-even conversion, which the tests compare bit for bit.
+// __host__ __device__) and the hardware's round-to-nearest-even conversion; cuda_attention_prefill.fp8_cache_rows
+// reads the GPU's cache back and compares it with this rounding.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -19,7 +20,9 @@ constexpr float k_e4m3_max = 448.0f;
 constexpr int k_kv8_min_exp = -100, k_kv8_max_exp = 7;
 
 // The exponent e of the smallest power of two with amax <= 448 * 2^e (clamped), from amax's bits: amax =
-// 1.f * 2^E, 448 = 1.75 * 2^8, so e = E - 8, plus one when f > 0.75. 0 for amax == 0 or not finite.
+// 1.f * 2^E, 448 = 1.75 * 2^8, so e = E - 8, plus one when f > 0.75. An all-zero vector takes the smallest
+// scale (its codes are 0 either way, and a large scale would only set the attention kernels' V reference); a
+// non-finite amax takes 2^0 (the codes saturate or are NaN).
 TANSY_HD int kv8_scale_exp(float amax) {
     uint32_t b;
 #if defined(__CUDA_ARCH__)
@@ -29,7 +32,8 @@ TANSY_HD int kv8_scale_exp(float amax) {
 #endif
     b &= 0x7FFFFFFFu;
     const int E = (int)(b >> 23);
-    if (b == 0 || E == 255) return 0;
+    if (b == 0) return k_kv8_min_exp;
+    if (E == 255) return 0;
     int e = (E == 0 ? -127 : E - 127) - 8 + ((b & 0x7FFFFFu) > 0x600000u ? 1 : 0);
     return e < k_kv8_min_exp ? k_kv8_min_exp : (e > k_kv8_max_exp ? k_kv8_max_exp : e);
 }

@@ -3,11 +3,14 @@
 // the real Qwen3.6-35B-A3B shapes (16/2 heads of 256) and the tiny fixture's (8/1 heads of 256): prompts from an
 // empty cache and after a cached prefix, odd lengths, partial last tiles, several long spans in one batch, long
 // spans mixed with single tokens of other sequences, and spans on both sides of the routing threshold.
+#include <cmath>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "backend/cuda/attention.cuh"  // k_attn_prefill_min_rows
+#include "core/fp8.h"
 #include "op_twins.h"
 
 using namespace tansy;
@@ -15,7 +18,8 @@ using namespace tansy::test;
 
 namespace {
 
-// CUDA rounds K/V (cache), Q and P (tensor-core operands) to bf16, 2^-9 relative each, with fp32 accumulation;
+// CUDA rounds K/V (cache), Q and P (tensor-core operands) to bf16 (with an FP8 cache: Q and P to fp16), 2^-9
+// relative each or better, with fp32 accumulation;
 // the errors are independent over the 256 terms of a score and over the keys of a row, so they average: a numpy
 // emulation of these roundings on these shapes gives ~3e-3 relative. 1e-2 leaves room; a wrong key, row or mask
 // bit moves a row at context n by ~1/sqrt(n) (>= 4e-2 for the contexts here) and a wrong tile far more.
@@ -124,6 +128,62 @@ TEST(cuda_attention_prefill, fp8_cache_tiny_shapes) {
     TANSY_REQUIRE_GPU();
     auto p = make_pair(tiny_config(), false, true);
     check_prefill(*p);
+}
+
+// One slice per (token, KV head): the decode kernel walks up to 8 key tiles of the ~500-position contexts
+// here, so its tile ring wraps and the V reference grows across tiles (at the default 64 slices a context
+// needs 4K+ positions for that).
+TEST(cuda_attention_prefill, long_slices) {
+    TANSY_REQUIRE_GPU();
+    struct reset {
+        ~reset() { cuda::force_attention_splits(0); }
+    } guard;
+    cuda::force_attention_splits(1);
+    for (bool fp8 : {false, true}) {
+        SCOPED_TRACE(fp8 ? "fp8 cache" : "bf16 cache");
+        auto p = make_pair(real_config(), false, fp8);
+        check_prefill(*p);
+    }
+}
+
+// The GPU's FP8 cache rows, read back, against the CPU's rounding (core/fp8.h): V goes in as given, so its codes
+// and scales must match bit for bit; K comes from each backend's own norm and RoPE, so a value within fp32
+// noise of a rounding boundary may take the neighbouring code (TOL_K8_FLIPS).
+constexpr double TOL_K8_FLIPS = 1e-3;  // fraction of K values; measured 0 .. few per 10^5
+
+TEST(cuda_attention_prefill, fp8_cache_rows) {
+    TANSY_REQUIRE_GPU();
+    auto p = make_pair(real_config(), false, true);
+    std::vector<seq_twin> seqs(2);
+    for (seq_twin& s : seqs) s.c = p->cpu->new_state(k_capacity), s.g = p->gpu->new_state(k_capacity);
+    uint32_t seed = 9000;
+    step(*p, seqs, {{0, 77}, {1, 1}}, seed, "77-row prompt + token");
+    step(*p, seqs, {{0, 1}, {1, 1}}, seed, "decode tokens");
+    const int64_t kvd = p->m.cfg.kv_dim();
+    std::vector<float> kc((size_t)kvd), vc((size_t)kvd), kg((size_t)kvd), vg((size_t)kvd);
+    int64_t k_flips = 0, k_total = 0;
+    for (size_t s = 0; s < seqs.size(); s++) {
+        for (int64_t pos = 0; pos < seqs[s].c->n_past(); pos++) {
+            p->cpu->read_kv(*seqs[s].c, 0, pos, kc.data(), vc.data());
+            p->gpu->read_kv(*seqs[s].g, 0, pos, kg.data(), vg.data());
+            ASSERT_EQ(vg, vc) << "sequence " << s << " row " << pos;
+            const int64_t dh = p->m.cfg.head_dim;
+            for (int64_t i = 0; i < kvd; i++) {
+                k_flips += kg[(size_t)i] != kc[(size_t)i];
+                // a flip is one E4M3 step: at most 2^-3 of the value, or one subnormal step of the row's scale
+                // (twice that if the row's largest value crossed a power of two and took the next scale)
+                float amax = 0;
+                for (int64_t j = i / dh * dh; j < (i / dh + 1) * dh; j++) amax = std::fmax(amax, std::fabs(kc[(size_t)j]));
+                const float step = std::ldexp(1.0f, kv8_scale_exp(amax) - 9);
+                EXPECT_LE(std::fabs(kg[(size_t)i] - kc[(size_t)i]),
+                          2.0f * std::fmax(std::fabs(kc[(size_t)i]) / 8.0f, step)) << "row " << pos << " value " << i;
+            }
+            k_total += kvd;
+        }
+    }
+    printf("[ fp8 cache rows ] K values that took the neighbouring code: %lld of %lld\n", (long long)k_flips,
+           (long long)k_total);
+    EXPECT_LE((double)k_flips, TOL_K8_FLIPS * (double)k_total);
 }
 
 TEST(cuda_attention_prefill, fp8_cache_every_variant) {

@@ -1,6 +1,6 @@
 // FP8 E4M3 and the KV cache's 8-bit rounding (core/fp8.h): the code table, round-to-nearest-even against a
 // brute-force nearest search, saturation, and the power-of-two scale rule. The CUDA kernels use the same scale
-// rule and the hardware conversion; cuda_attention_prefill.fp8_cache checks them against this.
+// rule and the hardware conversion; cuda_attention_prefill.fp8_cache_rows checks the GPU's cache against this.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -79,7 +79,7 @@ TEST(fp8, kv_scale_is_the_smallest_power_of_two_that_fits) {
     EXPECT_EQ(kv8_scale_exp(448.0f), 0);
     EXPECT_EQ(kv8_scale_exp(448.5f), 1);
     EXPECT_EQ(kv8_scale_exp(1.0f), -8);  // 1 / 2^-8 = 256 <= 448 < 512
-    EXPECT_EQ(kv8_scale_exp(0.0f), 0);
+    EXPECT_EQ(kv8_scale_exp(0.0f), k_kv8_min_exp);
     EXPECT_EQ(kv8_scale_exp(std::numeric_limits<float>::infinity()), 0);
     EXPECT_EQ(kv8_scale_exp(1e30f), k_kv8_max_exp);
     EXPECT_EQ(kv8_scale_exp(1e-35f), k_kv8_min_exp);

@@ -135,6 +135,15 @@ class cpu_backend final : public backend {
             ((int32_t*)ids_out.data)[r] = tansy::argmax(f32(logits) + r * logits.cols, std::min(n_valid, logits.cols));
     }
 
+    void read_kv(const seq_state& st, int slot, int64_t pos, float* k, float* v) override {
+        const auto& s = static_cast<const cpu_state&>(st);
+        const int64_t kvd = cfg_.kv_dim();
+        TANSY_CHECK(slot >= 0 && (size_t)slot < s.k.size() && (pos + 1) * kvd <= (int64_t)s.k[(size_t)slot].size(),
+                    "read_kv: layer %d row %lld", slot, (long long)pos);
+        memcpy(k, s.k[(size_t)slot].data() + pos * kvd, sizeof(float) * kvd);
+        memcpy(v, s.v[(size_t)slot].data() + pos * kvd, sizeof(float) * kvd);
+    }
+
     void pretend_context(seq_state& st, int64_t n) override {
         auto& s = static_cast<cpu_state&>(st);
         const int64_t kvd = cfg_.kv_dim();

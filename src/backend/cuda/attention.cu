@@ -13,6 +13,7 @@
 // v4: the split kernel on tensor cores (mma.sync, as attention_prefill), slices of at least 64 positions.
 // The split and combine kernels skip the rows of spans of k_attn_prefill_min_rows or more: attention_prefill
 // (attention_prefill.cu) does those with tensor cores.
+#include <atomic>
 #include <cfloat>
 
 #include "backend/cuda/attention.cuh"
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
     }
     if constexpr (KV8) {
 #pragma unroll
-        for (int j = 0; j < NT_O; j++) o[j][0] *= vref.ref, o[j][1] *= vref.ref;
+        for (int j = 0; j < NT_O; j++) o[j][0] *= vref.unit(), o[j][1] *= vref.unit();
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -330,6 +331,19 @@ __global__ void __launch_bounds__(DH) combine_kernel(const attn_params p) {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<int> g_forced_splits{0};
+}  // namespace
+
+int attention_splits(int fallback) {
+    const int f = g_forced_splits.load();
+    return f > 0 ? f : fallback;
+}
+void force_attention_splits(int n) {
+    TANSY_CHECK(n >= 0 && n <= k_max_splits, "attention splits %d (0..%d)", n, k_max_splits);
+    g_forced_splits = n;
+}
 
 void attention_prep(const attn_params& p, cudaStream_t stream) {
     TANSY_CHECK(p.dh == DH, "cuda attention supports head_dim %d, got %d", DH, p.dh);

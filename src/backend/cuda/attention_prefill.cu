@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(prefill_cfg<DH, HPC, BN, KV8>::THREADS, 1) pre
         const int i = qr + 8 * r;
         if (i >= n_rows) continue;
         const int64_t t = row0 + r0 + i;
-        const float inv_l = (KV8 ? vref.ref : 1.0f) / l[r];  // KV8: O is in units of vref.ref
+        const float inv_l = (KV8 ? vref.unit() : 1.0f) / l[r];  // KV8: O is in units of vref.unit()
         const float* gate = p.qg + t * p.Hq * 2 * DH + (int64_t)h * 2 * DH + DH;
         float* dst = p.out + (t * p.Hq + h) * DH;
 #pragma unroll

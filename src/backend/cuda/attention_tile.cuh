@@ -187,8 +187,12 @@ __device__ __forceinline__ uint32_t pack_16bit(float lo, float hi) {
 // KV8: the V tiles hold v / (their tile's largest scale), so O = sum_j p_j v_j accumulates in units of a running
 // reference `ref` (the largest tile scale so far, a power of two): each tile's P is weighted by its scale / ref
 // (<= 1, so P stays in fp16's range) and O is rescaled when ref grows, as the online softmax rescales for a new
-// maximum. The true O is ref * O.
+// maximum.
+// The factor also carries 2^15 of headroom: P * vt / ref <= 1 would fall into fp16's subnormals for tiles whose
+// scale is far below the reference (a numpy model of one V row 2^12 times the others: 2e-2 relative error in O);
+// times 2^15 it stays normal down to 2^-29 and still below fp16's maximum. The true O is ref * 2^-15 * O (unit()).
 struct v_reference {
+    static constexpr float k_headroom = 32768.0f;
     float ref = 0.0f;
     // For a tile of largest V scale vt: the factor for its P; *o_corr (O's correction) absorbs a change of ref.
     __device__ __forceinline__ float enter(float vt, float* o_corr) {
@@ -196,8 +200,9 @@ struct v_reference {
             *o_corr *= ref / vt;  // exact (powers of two); 0 on the first tile, whose O is still 0
             ref = vt;
         }
-        return ref > 0.0f ? vt / ref : 0.0f;
+        return ref > 0.0f ? vt / ref * k_headroom : 0.0f;
     }
+    __device__ __forceinline__ float unit() const { return ref * (1.0f / k_headroom); }  // exact
 };
 
 // The tiles of KV head kh of layer `slot` in sequence s, keys [key0, n_keys), in SMEM bytes at smem.

@@ -18,6 +18,7 @@
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/sample.cuh"
 #include "backend/cuda/weights_dev.h"
+#include "core/fp8.h"
 #include "core/log.h"
 
 namespace tansy {
@@ -39,7 +40,8 @@ class cuda_state final : public seq_state {
         capacity_ = capacity;
         kv_bytes_ = (size_t)n_attn * 2 * sh.capacity * sh.kvd * (sh.kv8 ? 1 : 2);
         scale_bytes_ = sh.kv8 ? (size_t)n_attn * 2 * sh.capacity * sh.hkv * 4 : 0;
-        kv_bytes_ = (kv_bytes_ + 255) / 256 * 256;  // the scales and the fp32 state stay aligned
+        kv_bytes_ = (kv_bytes_ + 255) / 256 * 256;  // the scales and the fp32 state stay 256-byte aligned
+        scale_bytes_ = (scale_bytes_ + 255) / 256 * 256;
         conv_bytes_ = (size_t)n_gdn * 2 * sh.conv_rows * sh.conv_ch * 4;
         s_bytes_ = (size_t)n_gdn * sh.s_elems * 4;
         mem_ = device_buffer(kv_bytes_ + scale_bytes_ + conv_bytes_ + s_bytes_ + 256);
@@ -56,6 +58,7 @@ class cuda_state final : public seq_state {
         CUDA_CHECK(cudaMemset(mem_.get(), 0, mem_.size()));
         n_past_ = 0;
     }
+    const dshape& shape() const { return sh_; }
     dseq dev() const {
         char* base = (char*)mem_.get();
         char* conv = base + kv_bytes_ + scale_bytes_;
@@ -220,7 +223,7 @@ class cuda_backend final : public backend {
         p.min_span = p.max_span = spans.empty() ? 0 : (int)spans[0].n;
         for (const seq_span& s : spans)
             p.min_span = std::min(p.min_span, (int)s.n), p.max_span = std::max(p.max_span, (int)s.n);
-        p.n_splits = k_attn_splits;
+        p.n_splits = attention_splits(k_attn_splits);
         p.q_bf16 = !precise_gemm_;  // fast mode: decode's scores as attention_prefill computes them
         p.q = ws_q_.ensure((size_t)T * p.Hq * p.dh);
         // note: the split partials take 1 MB per row (real shapes); a batch of long spans only (a prompt)
@@ -313,6 +316,34 @@ class cuda_backend final : public backend {
         // fast mode: inputs rounded as the grouped GEMM's fp16 operands (m16, and h16 = h * k_down_a_scale)
         moe_route_gate_up(h, md.m, route, xin, x.cols, T, nw, eps, /*f16=*/!precise_gemm_, stream_);
         moe_down(f32(x), x.cols, md.m, idx, wt, sig, h, T, precise_gemm_ ? 0.0f : k_down_a_scale, stream_);
+    }
+
+    void read_kv(const seq_state& st, int slot, int64_t pos, float* k, float* v) override {
+        const auto& cs = static_cast<const cuda_state&>(st);
+        const dshape& sh = cs.shape();
+        const dseq d = cs.dev();
+        TANSY_CHECK(slot >= 0 && slot < n_attn_ && pos >= 0 && pos < sh.capacity, "read_kv: layer %d row %lld", slot,
+                    (long long)pos);
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        const int64_t kvd = sh.kvd, dh = sh.kvd / sh.hkv;
+        if (!sh.kv8) {
+            std::vector<uint16_t> b((size_t)kvd);
+            for (int which = 0; which < 2; which++) {
+                const uint16_t* src = (which ? kv_v(d, sh, slot) : kv_k(d, sh, slot)) + pos * kvd;
+                CUDA_CHECK(cudaMemcpy(b.data(), src, (size_t)kvd * 2, cudaMemcpyDeviceToHost));
+                for (int64_t i = 0; i < kvd; i++) (which ? v : k)[i] = bf16_to_f32(b[(size_t)i]);
+            }
+            return;
+        }
+        std::vector<uint8_t> c((size_t)kvd);
+        std::vector<float> sc((size_t)sh.hkv);
+        for (int which = 0; which < 2; which++) {
+            CUDA_CHECK(cudaMemcpy(c.data(), (which ? kv8_v(d, sh, slot) : kv8_k(d, sh, slot)) + pos * kvd, (size_t)kvd,
+                                  cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(sc.data(), (which ? kv8_vs(d, sh, slot) : kv8_ks(d, sh, slot)) + pos * sh.hkv,
+                                  (size_t)sh.hkv * 4, cudaMemcpyDeviceToHost));
+            for (int64_t i = 0; i < kvd; i++) (which ? v : k)[i] = e4m3_decode(c[(size_t)i]) * sc[(size_t)(i / dh)];
+        }
     }
 
     void end_step(const std::vector<seq_span>& spans) override {
