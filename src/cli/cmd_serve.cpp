@@ -47,7 +47,8 @@ int cmd_serve(int argc, char** argv) {
         .option("--max-queue", "N", "requests waiting for a batch slot before 429 (default 64)")
         .option("--ctx-size", "N", "tokens per sequence, prompt + completion (default min(model maximum, 32768))")
         .option("--state-memory", "MIB", "KV cache + recurrent state of running sequences, at most (default: half of\n"
-                                         "                            available memory on cpu, 16384 on cuda)")
+                                         "                            available memory on cpu, 16384 on cuda; on cuda, --kv-cache fp8\n"
+                                         "                            fits about twice the tokens of long contexts in it)")
         .option("--prefill-budget", "N", "prompt tokens prefilled per scheduler step, between decode steps of the running sequences (at least one "
                   "--prefill-chunk; default 8192)")
         .option("--max-body", "MIB", "largest request body accepted (default 8; larger gets 413)")
