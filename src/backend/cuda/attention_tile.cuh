@@ -1,6 +1,6 @@
 // Key/value tiles of the KV cache into shared memory (device code), shared by the flash-attention prefill
 // kernel and the tensor-core decode split kernel: bf16 tiles straight from a bf16 cache, or E4M3 tiles of an
-// FP8 cache converted to bf16 just before use (kv_tiles).
+// FP8 cache converted to fp16 just before use (kv_tiles).
 #pragma once
 #include <cuda_fp8.h>
 
@@ -100,7 +100,7 @@ __device__ __forceinline__ void convert_kv8_tile(uint16_t* dst, const uint8_t* r
 template <bool KV8, int DH, int THREADS, int BN, int NR = 2>
 struct kv_tiles {
     static constexpr int LD = DH + 8;
-    static constexpr size_t TILE = (size_t)2 * BN * LD * sizeof(uint16_t);   // one bf16 stage: K then V
+    static constexpr size_t TILE = (size_t)2 * BN * LD * sizeof(uint16_t);   // one 16-bit stage: K then V
     static constexpr size_t RAW = (size_t)2 * BN * DH + (size_t)2 * BN * 4;  // one raw stage: codes, scales
     static constexpr size_t SMEM = KV8 ? TILE + NR * RAW : 2 * TILE;
     static_assert(!KV8 || NR >= 2, "at least two raw stages");
