@@ -55,6 +55,8 @@ TEST(cli, errors_are_one_line_with_exit_1) {
         "generate --ids-file " + d + "/ids.txt --prefill-chunk 0",
         "logits --ids-file " + d + "/ids.txt --out " + d + "/x.safetensors --prefill-chunk -3",
         "generate --ids-file " + d + "/ids.txt --gemm exact",
+        "generate --ids-file " + d + "/ids.txt --kv-cache int8",
+        "eval --ids-file " + d + "/ids.txt --compare-kv-cache fp4",
         "bench --prompts 0",
         "bench --prompts 256,x",
         "eval --ids-file " + d + "/ids.txt --reference /nonexistent.safetensors --reference-key x",
@@ -95,6 +97,12 @@ TEST(cli, logits_generate_eval_on_the_mlx_fixture) {
     EXPECT_GT(j["perplexity"].get<double>(), 1.0);
     EXPECT_EQ(j["references"][0]["top1_agreement"], 1.0);
     EXPECT_LT(j["references"][0]["mean_kl"].get<double>(), 1e-9);
+
+    // the FP8 KV cache as run B: it moves the logits, a little
+    js = stdout_only("eval --model " + m + " --ids-file " + d + "/ids.txt --compare-kv-cache fp8 --json");
+    j = nlohmann::json::parse(js);
+    ASSERT_EQ(j["runs"].size(), 2u) << js;
+    EXPECT_NE(j["runs"][1]["weights"].get<std::string>().find("FP8 KV cache"), std::string::npos) << js;
 }
 
 TEST(cli, prefill_chunk_gives_the_same_logits_and_ids) {
