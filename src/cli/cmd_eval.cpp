@@ -238,11 +238,7 @@ int cmd_eval(int argc, char** argv) {
     if (p.has("--compare-model")) ob.model_dir = p.str("--compare-model");
     if (p.has("--compare-backend")) ob.backend = p.str("--compare-backend");
     if (p.has("--compare-weights")) ob.weights = p.str("--compare-weights");
-    if (p.has("--compare-kv-cache")) {
-        const std::string kv = p.str("--compare-kv-cache");
-        if (kv != "bf16" && kv != "fp8") fail("--compare-kv-cache must be bf16 or fp8, got '%s'", kv.c_str());
-        ob.backend_opt.kv_fp8 = kv == "fp8";
-    }
+    if (p.has("--compare-kv-cache")) ob.backend_opt.kv_fp8 = kv_fp8_from(p.str("--compare-kv-cache"), "--compare-kv-cache");
 
     // The runs one after the other, so that only one model is in memory at a time.
     std::vector<run_result> runs;

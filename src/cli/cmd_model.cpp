@@ -57,11 +57,14 @@ engine_options engine_options_from(const arg_parser& p) {
     else if (dn == "chunked") o.gdn = gdn_mode::chunked;
     else if (dn == "recurrent") o.gdn = gdn_mode::recurrent;
     else fail("--deltanet must be auto, chunked or recurrent, got '%s'", dn.c_str());
-    const std::string kv = p.str("--kv-cache", "bf16");
-    if (kv != "bf16" && kv != "fp8") fail("--kv-cache must be bf16 or fp8, got '%s'", kv.c_str());
-    o.backend_opt.kv_fp8 = kv == "fp8";
+    o.backend_opt.kv_fp8 = kv_fp8_from(p.str("--kv-cache", "bf16"), "--kv-cache");
     if (p.has("--verbose")) set_log_level(log_level::debug);
     return o;
+}
+
+bool kv_fp8_from(const std::string& value, const char* option) {
+    if (value != "bf16" && value != "fp8") fail("%s must be bf16 or fp8, got '%s'", option, value.c_str());
+    return value == "fp8";
 }
 
 void add_sampling_options(arg_parser& p) {
