@@ -171,8 +171,8 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
     const int start = sp * S, end = min(len, start + S);
     const int64_t part0 = ((int64_t)t * p.Hq + kh * G) * p.n_splits + sp;  // + g * n_splits
     if (start >= end) return;  // the combine kernel only reads the slices that exist
-    const int n_tiles = (end - start + BN - 1) / BN;  // kv.n_tiles
     typename C::tiles kv = cache_tiles<typename C::tiles>(s, p.shape, p.slot, kh, reinterpret_cast<char*>(sKV), start, end);
+    const int n_tiles = kv.n_tiles;
     kv.start();
     // Q rows: g < G the head in the tiles' 16-bit type (bf16, or fp16 for an FP8 cache), 8 + g its remainder
     // (fp16: times k_q_lo_scale, clear of fp16's subnormals), the others zero
