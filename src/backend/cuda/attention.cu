@@ -209,17 +209,24 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
     float m = -INFINITY, l = 0.0f;  // head lane/4: running max (raw score), this thread's share of the sum
     v_reference vref;               // KV8: O's units
     const bool math = warp < C::WARPS;  // the other warps (FP8 cache) only copy and convert tiles
+    // Q's A fragments stay in registers for the whole slice (64 registers): they are the same for every tile, and
+    // reloading them put an ldmatrix latency in front of every Q K^T mma (Nsight Compute, H200: short-scoreboard
+    // stalls on those mma, with one math warp per scheduler to hide them)
+    uint32_t qa[DH / 16][4];
     for (int kt = 0; kt < n_tiles; kt++) {
         const uint16_t* st = kv.next(kt);  // tile kt (and Q) visible to all; tile kt+1 on its way
         if (!math) continue;
+        if (kt == 0) {
+#pragma unroll
+            for (int ks = 0; ks < DH / 16; ks++) ldmatrix_x4(qa[ks], q_lane + ks * 16);
+        }
         float sc[2][4] = {};
 #pragma unroll
         for (int ks = 0; ks < DH / 16; ks++) {
-            uint32_t a[4], b[4];
-            ldmatrix_x4(a, q_lane + ks * 16);
+            uint32_t b[4];
             ldmatrix_x4(b, st + k_off + ks * 16);
-            mma_16bit<KV8>(sc[0], a, b[0], b[1]);
-            mma_16bit<KV8>(sc[1], a, b[2], b[3]);
+            mma_16bit<KV8>(sc[0], qa[ks], b[0], b[1]);
+            mma_16bit<KV8>(sc[1], qa[ks], b[2], b[3]);
         }
         // this thread's scores: head lane/4, keys 2(lane%4) + {0, 1} of n-tiles 0 and 1 (hi row + lo row); an
         // FP8 tile's K is unscaled: times the key's scale
