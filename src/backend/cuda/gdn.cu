@@ -6,6 +6,10 @@
 // v2: spans of more than k_gdn_recur_max_rows rows go to gdn_prefill.cu (a parallel prep of conv, norms and
 //     gates, then a scan with the state in registers, no barrier per token); this kernel keeps decode and skips
 //     them. Target < 0.2 us per token and layer on H200 for long spans.
+// v3: one barrier per token instead of five: the L2 norms are scalars applied after the dots (S^T k and S^T q of
+//     raw q, k in one pass over the old state, o = alpha S^T q^ + (k^.q^) delta), a warp reads back only its own
+//     rows of q and k; the first token's conv terms over the state window and the gate constants load before
+//     the PDL wait.
 #include <climits>
 
 #include "backend/cuda/common.cuh"
@@ -32,8 +36,8 @@ __device__ __forceinline__ float conv_at(const gdn_params& p, const float* state
 
 // Spans of more than max_rows rows are left to the prefill path.
 __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_rows) {
-    __shared__ float s_q[DK], s_k[DK], s_v[COLS], s_red[k_warps][COLS], s_scal[2];
-    __shared__ float s_sum[2][32];
+    __shared__ float s_q[DK], s_k[DK], s_v[COLS], s_red[2][k_warps][COLS], s_scal[2];
+    __shared__ float s_sum[3][k_warps];
     const int span = blockIdx.x, h = blockIdx.y, cb = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     pdl_trigger();
@@ -54,66 +58,68 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
     float st[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) st[i] = S[(int64_t)(warp * 32 + i) * p.dv + col];
-    // the state (this kernel's own output of the previous step) loads while the projection finishes (PDL);
-    // qkv, b and a come from it
-    pdl_wait();
+    // What does not depend on the projection is read while it finishes (PDL): the state (this kernel's own
+    // output of the previous step), the first token's conv terms over the state's window, the gate constants.
+    const int P = p.K - 1, C = (int)p.shape.conv_ch;
+    auto window_part = [&](int ch) {  // conv_at's terms j < K-1 for the span's first token, in its order
+        float acc = 0;
+        for (int j = 0; j < P; j++) acc = fmaf(p.conv_w[ch * p.K + j], cstate[j * C + ch], acc);
+        return acc;
+    };
+    const float pre_q = window_part(ch_q), pre_k = window_part(ch_k), pre_v = warp == 0 ? window_part(ch_v) : 0.0f;
     const float A = -expf(p.A_log[h]), dtb = p.dt_bias[h];
     const float qscale = rsqrtf((float)DK);
+    // qkv, b and a come from the projection
+    pdl_wait();
 
     for (int r = 0; r < sp.n; r++) {
         const int row = sp.row0 + r;
-        // 1. conv + SiLU of this block's channels
-        const float qv = conv_at(p, cstate, sp.row0, r, ch_q), kv = conv_at(p, cstate, sp.row0, r, ch_k);
-        if (warp == 0) s_v[lane] = conv_at(p, cstate, sp.row0, r, ch_v);
-        // 2. L2 norms of q and k over the key head (q also scaled by 1/sqrt(dk))
-        float sq_ = warp_sum(qv * qv), sk_ = warp_sum(kv * kv);
-        if (lane == 0) s_sum[0][warp] = sq_, s_sum[1][warp] = sk_;
-        __syncthreads();
-        float tq = 0, tk = 0;
-#pragma unroll
-        for (int w = 0; w < k_warps; w++) tq += s_sum[0][w], tk += s_sum[1][w];
-        s_q[tid] = qv * rsqrtf(tq + 1e-6f) * qscale;
-        s_k[tid] = kv * rsqrtf(tk + 1e-6f);
-        // 3. gates: beta = sigmoid(b), alpha = exp(-exp(A_log) softplus(a + dt_bias))
+        // 1. conv + SiLU of this block's channels (raw q, k: the L2 norms are scalars applied below)
+        auto conv = [&](int ch, float pre) {
+            return r == 0 ? siluf_(fmaf(p.conv_w[ch * p.K + P], p.qkv[(int64_t)row * C + ch], pre))
+                          : conv_at(p, cstate, sp.row0, r, ch);
+        };
+        const float qv = conv(ch_q, pre_q), kv = conv(ch_k, pre_k);
+        if (warp == 0) s_v[lane] = conv(ch_v, pre_v);
+        s_q[tid] = qv, s_k[tid] = kv;  // row warp*32 + lane: read back by this warp only
+        // 2. gates: beta = sigmoid(b), alpha = exp(-exp(A_log) softplus(a + dt_bias))
         if (tid == 0) {
             s_scal[0] = sigmoidf_(p.b[(int64_t)row * p.Hv + h]);
             s_scal[1] = expf(A * gdn_softplus(p.a[(int64_t)row * p.Hv + h] + dtb));
         }
-        __syncthreads();
-        const float beta = s_scal[0], alpha = s_scal[1];
-        // 4. u = (alpha S)^T k; delta = beta (v - u); S = alpha S + k delta^T; o = S^T q
-        float u = 0;
-#pragma unroll
-        for (int i = 0; i < 32; i++) u = fmaf(st[i], s_k[warp * 32 + i], u);
-        s_red[warp][lane] = u;
-        __syncthreads();
-        u = 0;
-#pragma unroll
-        for (int w = 0; w < k_warps; w++) u += s_red[w][lane];
-        const float delta = beta * (s_v[lane] - alpha * u);
-        float o = 0;
+        // 3. this warp's parts of |q|^2, |k|^2, q.k and of S^T k, S^T q over its 32 key rows (old state)
+        const float sqq = warp_sum(qv * qv), skk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
+        __syncwarp();
+        float u = 0, w = 0;
 #pragma unroll
         for (int i = 0; i < 32; i++) {
-            st[i] = fmaf(alpha, st[i], s_k[warp * 32 + i] * delta);
-            o = fmaf(st[i], s_q[warp * 32 + i], o);
+            u = fmaf(st[i], s_k[warp * 32 + i], u);
+            w = fmaf(st[i], s_q[warp * 32 + i], w);
         }
-        __syncthreads();  // everyone has read s_red
-        s_red[warp][lane] = o;
-        __syncthreads();
-        if (warp == 0) {
-            float ot = 0;
+        s_red[0][warp][lane] = u, s_red[1][warp][lane] = w;
+        if (lane == 0) s_sum[0][warp] = sqq, s_sum[1][warp] = skk, s_sum[2][warp] = sqk;
+        __syncthreads();  // the only barrier of a token
+        // 4. with q^ = q rq and k^ = k rk (L2-normalised, q also scaled by 1/sqrt(dk)): delta = beta (v - alpha
+        //    S^T k^); S' = alpha S + k^ delta^T; o = S'^T q^ = alpha S^T q^ + (k^ . q^) delta (one pass over S)
+        float tq = 0, tk = 0, tqk = 0, su = 0, sw = 0;
 #pragma unroll
-            for (int w = 0; w < k_warps; w++) ot += s_red[w][lane];
-            p.o[(int64_t)row * p.Hv * p.dv + h * p.dv + col] = ot;
+        for (int i = 0; i < k_warps; i++) {
+            tq += s_sum[0][i], tk += s_sum[1][i], tqk += s_sum[2][i];
+            su += s_red[0][i][lane], sw += s_red[1][i][lane];
         }
-        __syncthreads();  // s_q, s_k, s_v, s_red reused by the next token
+        const float rq = rsqrtf(tq + 1e-6f) * qscale, rk = rsqrtf(tk + 1e-6f);
+        const float beta = s_scal[0], alpha = s_scal[1];
+        const float delta = beta * (s_v[lane] - alpha * (su * rk));
+        if (warp == 0) p.o[(int64_t)row * p.Hv * p.dv + h * p.dv + col] = alpha * (sw * rq) + (tqk * rq * rk) * delta;
+#pragma unroll
+        for (int i = 0; i < 32; i++) st[i] = fmaf(alpha, st[i], (s_k[warp * 32 + i] * rk) * delta);
+        if (r + 1 < sp.n) __syncthreads();  // s_q, s_k, s_v, s_red, s_sum are reused by the next token
     }
 #pragma unroll
     for (int i = 0; i < 32; i++) S[(int64_t)(warp * 32 + i) * p.dv + col] = st[i];
 
     // 5. new conv window (the last K-1 raw inputs) into the other parity buffer, each channel by one owner:
     //    q/k channels of key head kh by the block (first value head of the group, first column block), v by all.
-    const int C = (int)p.shape.conv_ch, P = p.K - 1;
     auto window = [&](int ch, int j) {  // raw input j (0 = oldest) of the window after the span
         const int idx = sp.n - P + j;
         return idx >= 0 ? p.qkv[(int64_t)(sp.row0 + idx) * C + ch] : cstate[(P + idx) * C + ch];
