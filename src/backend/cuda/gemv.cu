@@ -141,7 +141,7 @@ int64_t gemv_slot_bytes(const dmat& W, int64_t rows) {
     return align16(rows * W.row_words() * 4) + align16(rows * W.n_groups() * 4);
 }
 
-template <dfmt F, int CPL, int THREADS, int S>
+template <dfmt F, int CPL, int THREADS, int S, int RPW>
 __global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params p, int tr, int64_t slot_bytes) {
     constexpr int CH = chunk_values<F>();
     constexpr bool AFFINE = F != dfmt::bf16;
@@ -172,56 +172,77 @@ __global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params 
     int gi[CPL];  // lane's scale/bias word in a row, per chunk
 #pragma unroll
     for (int i = 0; i < CPL; i++) gi[i] = AFFINE ? ((lane + 32 * i) * CH) / p.W.group : 0;
+    // RPW rows per warp at a time (r, r + W, ... of the tile): the per-row work outside the dot products (loop,
+    // reduction, store) is shared, and the rows' loads and FFMA chains are independent. A row past the tile's end
+    // is skipped (warp-uniform branch).
+    constexpr int W = THREADS / 32;
     ring_run<S>(n, issue, [&](int j) {
         int64_t r0;
         const int nr = rows_of(j, r0);
         const char* s = slots + (j % S) * slot_bytes;
-        for (int r = warp; r < nr; r += THREADS / 32) {
-            const uint4* wr = reinterpret_cast<const uint4*>(s + (int64_t)r * rw * 4);
-            const uint32_t* sbr = reinterpret_cast<const uint32_t*>(s + code_bytes) + (int64_t)r * ng;
-            uint4 wv[CPL];  // the row's shared-memory loads first, then CPL independent FFMA chains
-            uint32_t sb[CPL];
+        for (int r = warp; r < nr; r += RPW * W) {
+            uint4 wv[RPW][CPL];  // the rows' shared-memory loads first, then RPW x CPL independent FFMA chains
+            uint32_t sb[RPW][CPL];
 #pragma unroll
-            for (int i = 0; i < CPL; i++) {
-                wv[i] = wr[lane + 32 * i];
-                sb[i] = AFFINE ? sbr[gi[i]] : 0u;
-            }
-            float acc = 0;
+            for (int q = 0; q < RPW; q++) {
+                if (q > 0 && r + q * W >= nr) break;
+                const uint4* wr = reinterpret_cast<const uint4*>(s + (int64_t)(r + q * W) * rw * 4);
+                const uint32_t* sbr = reinterpret_cast<const uint32_t*>(s + code_bytes) + (int64_t)(r + q * W) * ng;
 #pragma unroll
-            for (int i = 0; i < CPL; i++) {
-                const float d = chunk_dot<F>(wv[i], xv[i], sx[i]);
-                if constexpr (AFFINE)
-                    acc += sb_scale(sb[i]) * d + sb_bias(sb[i]) * sx[i];
-                else
-                    acc += d;
+                for (int i = 0; i < CPL; i++) {
+                    wv[q][i] = wr[lane + 32 * i];
+                    sb[q][i] = AFFINE ? sbr[gi[i]] : 0u;
+                }
             }
-            acc = warp_sum(acc);
-            if (lane == 0) store_out(p, r0 + r, 0, acc);
+            float acc[RPW];
+#pragma unroll
+            for (int q = 0; q < RPW; q++) {
+                acc[q] = 0.0f;
+                if (q > 0 && r + q * W >= nr) break;
+#pragma unroll
+                for (int i = 0; i < CPL; i++) {
+                    const float d = chunk_dot<F>(wv[q][i], xv[i], sx[i]);
+                    if constexpr (AFFINE)
+                        acc[q] += sb_scale(sb[q][i]) * d + sb_bias(sb[q][i]) * sx[i];
+                    else
+                        acc[q] += d;
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int q = 0; q < RPW; q++) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+            if (lane == 0)
+#pragma unroll
+                for (int q = 0; q < RPW; q++)
+                    if (r + q * W < nr) store_out(p, r0 + r + q * W, 0, acc[q]);
         }
     });
 }
 
-template <dfmt F, int CPL, int THREADS, int S>
+template <dfmt F, int CPL, int THREADS, int S, int RPW>
 void launch_stream_as(const gemv_params& p, cudaStream_t stream) {
     constexpr int CH = chunk_values<F>();
     const size_t x_bytes = (size_t)align16((p.W.cols / CH) * (CH + 4) * 4);
     const stream_plan pl = plan_stream<S>(p.W.rows, sm_count(), x_bytes, THREADS,
                                           [&](int64_t r) { return gemv_slot_bytes(p.W, r); });
-    allow_dynamic_smem<gemv_stream_kernel<F, CPL, THREADS, S>>(stream_smem_limit());
+    allow_dynamic_smem<gemv_stream_kernel<F, CPL, THREADS, S, RPW>>(stream_smem_limit());
     const int64_t blocks = std::min<int64_t>(pl.tiles, sm_count());
-    launch_pdl(gemv_stream_kernel<F, CPL, THREADS, S>, dim3((unsigned)blocks), dim3(THREADS), pl.smem, stream, p,
+    launch_pdl(gemv_stream_kernel<F, CPL, THREADS, S, RPW>, dim3((unsigned)blocks), dim3(THREADS), pl.smem, stream, p,
                pl.rows_per_tile, pl.slot_bytes);
 }
 
-// Inputs in <= 64 registers per lane: a 6-slot ring (a 14 MB projection's whole share per SM in flight), tiles of
-// 16 rows over the block's warps. Wider inputs (K = 4096 at 4 bits): 8 warps (255 registers each), tiles of 8
-// rows, one per warp, 3 slots (a block's ~16 rows).
+// Inputs in <= 64 registers per lane: a 3-slot ring of 32-row tiles, two rows per warp (a 14 MB projection's
+// whole share per SM in flight, as the 6 slots of 16 rows before them, with half the per-tile and per-row
+// overhead: the K = 2048 projections spent half their instructions outside the dot products, Nsight Compute,
+// H200). Wider inputs (K = 4096 at 4 bits): 8 warps (255 registers each), tiles of 8 rows, one per warp, 3 slots
+// (a block's ~16 rows).
 template <dfmt F, int CPL>
 void launch_stream(const gemv_params& p, cudaStream_t stream) {
     if constexpr (CPL * chunk_values<F>() > 64)
-        launch_stream_as<F, CPL, k_stream_threads_wide, 3>(p, stream);
+        launch_stream_as<F, CPL, k_stream_threads_wide, 3, 1>(p, stream);
     else
-        launch_stream_as<F, CPL, k_stream_threads, 6>(p, stream);
+        launch_stream_as<F, CPL, k_stream_threads, 3, 2>(p, stream);
 }
 
 // ---- 4-bit weights on tensor cores (v5): mma_dot.cuh does the dot products for 1..16 input rows; the weight
