@@ -232,17 +232,26 @@ void launch_stream_as(const gemv_params& p, cudaStream_t stream) {
                pl.rows_per_tile, pl.slot_bytes);
 }
 
-// Inputs in <= 64 registers per lane: a 3-slot ring of 32-row tiles, two rows per warp (a 14 MB projection's
-// whole share per SM in flight, as the 6 slots of 16 rows before them, with half the per-tile and per-row
-// overhead: the K = 2048 projections spent half their instructions outside the dot products, Nsight Compute,
-// H200). Wider inputs (K = 4096 at 4 bits): 8 warps (255 registers each), tiles of 8 rows, one per warp, 3 slots
-// (a block's ~16 rows).
+// Inputs in <= 64 registers per lane: where a slot of a 3-slot ring holds 32 rows (4-bit rows of K <= 2048), tiles
+// of 32 rows, two rows per warp (a 14 MB projection's whole share per SM in flight, as 6 slots of 16 rows, with
+// half the per-tile and per-row overhead: the K = 2048 projections spent half their instructions outside the dot
+// products; H200: 2K decode 416 -> 422 tok/s); else (8-bit or bf16 rows, fewer rows) a 6-slot ring of tiles of
+// one row per warp, as measured before. Wider inputs (K = 4096 at 4 bits): 8 warps (255 registers each), tiles of
+// 8 rows, one per warp, 3 slots (a block's ~16 rows).
 template <dfmt F, int CPL>
 void launch_stream(const gemv_params& p, cudaStream_t stream) {
-    if constexpr (CPL * chunk_values<F>() > 64)
+    constexpr int CH = chunk_values<F>(), warps = k_stream_threads / 32;
+    if constexpr (CPL * CH > 64) {
         launch_stream_as<F, CPL, k_stream_threads_wide, 3, 1>(p, stream);
-    else
-        launch_stream_as<F, CPL, k_stream_threads, 3, 2>(p, stream);
+    } else {
+        const size_t x_bytes = (size_t)align16((p.W.cols / CH) * (CH + 4) * 4);
+        const stream_plan two = plan_stream<3>(p.W.rows, sm_count(), x_bytes, k_stream_threads,
+                                               [&](int64_t r) { return gemv_slot_bytes(p.W, r); });
+        if (two.rows_per_tile >= 2 * warps)
+            launch_stream_as<F, CPL, k_stream_threads, 3, 2>(p, stream);
+        else
+            launch_stream_as<F, CPL, k_stream_threads, 6, 1>(p, stream);
+    }
 }
 
 // ---- 4-bit weights on tensor cores (v5): mma_dot.cuh does the dot products for 1..16 input rows; the weight
