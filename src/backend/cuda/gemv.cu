@@ -19,6 +19,9 @@
 //     the weights per 4 rows with little parallelism), 16 from 858 (GEMMs) to 1,071. With one input row it
 //     measured slower than v4 (298 vs 418 tok/s): the k-split, fold and tile copies cost ~45 instructions per
 //     mma (Nsight Compute source counters), so T == 1 stays on v4 (mma_family, gemv.cuh).
+// v6: v4 with two rows per warp at a time where tiles hold 32 rows (4-bit rows of K <= 2048: 3 slots of 32 rows
+//     instead of 6 of 16): half the per-row and per-tile instructions outside the dot products, which were half
+//     of the projection's instructions (Nsight Compute source counters). H200: 2K decode 416 -> 422 tok/s.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
