@@ -223,12 +223,16 @@ __global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params 
     });
 }
 
-template <dfmt F, int CPL, int THREADS, int S, int RPW>
-void launch_stream_as(const gemv_params& p, cudaStream_t stream) {
+// The ring plan of gemv_stream_kernel: S slots of tiles over the SMs, beside the staged input row.
+template <dfmt F, int S>
+stream_plan gemv_stream_plan(const gemv_params& p, int threads) {
     constexpr int CH = chunk_values<F>();
     const size_t x_bytes = (size_t)align16((p.W.cols / CH) * (CH + 4) * 4);
-    const stream_plan pl = plan_stream<S>(p.W.rows, sm_count(), x_bytes, THREADS,
-                                          [&](int64_t r) { return gemv_slot_bytes(p.W, r); });
+    return plan_stream<S>(p.W.rows, sm_count(), x_bytes, threads, [&](int64_t r) { return gemv_slot_bytes(p.W, r); });
+}
+
+template <dfmt F, int CPL, int THREADS, int S, int RPW>
+void launch_stream_as(const gemv_params& p, const stream_plan& pl, cudaStream_t stream) {
     allow_dynamic_smem<gemv_stream_kernel<F, CPL, THREADS, S, RPW>>(stream_smem_limit());
     const int64_t blocks = std::min<int64_t>(pl.tiles, sm_count());
     launch_pdl(gemv_stream_kernel<F, CPL, THREADS, S, RPW>, dim3((unsigned)blocks), dim3(THREADS), pl.smem, stream, p,
@@ -243,17 +247,14 @@ void launch_stream_as(const gemv_params& p, cudaStream_t stream) {
 // 8 rows, one per warp, 3 slots (a block's ~16 rows).
 template <dfmt F, int CPL>
 void launch_stream(const gemv_params& p, cudaStream_t stream) {
-    constexpr int CH = chunk_values<F>(), warps = k_stream_threads / 32;
-    if constexpr (CPL * CH > 64) {
-        launch_stream_as<F, CPL, k_stream_threads_wide, 3, 1>(p, stream);
+    if constexpr (CPL * chunk_values<F>() > 64) {
+        launch_stream_as<F, CPL, k_stream_threads_wide, 3, 1>(p, gemv_stream_plan<F, 3>(p, k_stream_threads_wide), stream);
     } else {
-        const size_t x_bytes = (size_t)align16((p.W.cols / CH) * (CH + 4) * 4);
-        const stream_plan two = plan_stream<3>(p.W.rows, sm_count(), x_bytes, k_stream_threads,
-                                               [&](int64_t r) { return gemv_slot_bytes(p.W, r); });
-        if (two.rows_per_tile >= 2 * warps)
-            launch_stream_as<F, CPL, k_stream_threads, 3, 2>(p, stream);
+        const stream_plan three = gemv_stream_plan<F, 3>(p, k_stream_threads);
+        if (three.rows_per_tile >= 2 * (k_stream_threads / 32))
+            launch_stream_as<F, CPL, k_stream_threads, 3, 2>(p, three, stream);
         else
-            launch_stream_as<F, CPL, k_stream_threads, 6, 1>(p, stream);
+            launch_stream_as<F, CPL, k_stream_threads, 6, 1>(p, gemv_stream_plan<F, 6>(p, k_stream_threads), stream);
     }
 }
 
