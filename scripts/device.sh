@@ -4,6 +4,7 @@
 #   scripts/device.sh [test|bench|all|gtest|profile|detail|source|gdn-check|ab|tokenizer] [extra bench args...]
 #   gtest: FILTER='cuda_gemm*' [MEMCHECK=1] scripts/device.sh gtest
 #   ab:    AB_PATCH=.carry/change.patch AB_REVERSE=1 scripts/device.sh ab --contexts 2048 --batches none --prompts none
+#          AB_ENV='TANSY_DECODE_INT8=0' scripts/device.sh ab   (B: the same binary under that environment)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -98,17 +99,23 @@ if [ "$what" = ab ]; then
   # A/B in one session: this tree against a copy with $AB_PATCH applied (git diff output; AB_REVERSE=1 applies
   # it reversed, e.g. the diff of the change under test), the bench alternating between the two ${AB_ROUNDS:-2}
   # times. Extra args go to both benches (default: --contexts 2048,131072 --batches none --prompts none).
-  [ -f "${AB_PATCH:-}" ] || { echo "ab: set AB_PATCH to a patch file"; exit 1; }
-  rm -rf /tmp/ab && mkdir -p /tmp/ab && tar --exclude='./build*' --exclude=./.carry --exclude=./.git --exclude="./$OUT" -cf - . | tar -xf - -C /tmp/ab
-  (cd /tmp/ab && patch -p1 -s ${AB_REVERSE:+-R} < "$OLDPWD/$AB_PATCH") || { echo "ab: the patch does not apply"; exit 1; }
-  cmake -S /tmp/ab -B /tmp/ab/build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" -DTANSY_GTEST_SOURCE="$deps/googletest-src" \
-    -DTANSY_CUDA_ARCHS=90 > "$OUT/configure-b.log" 2>&1 && cmake --build /tmp/ab/build-dev -j 16 --target tansy > "$OUT/build-b.log" 2>&1 \
-    || { grep -E "error" -A5 "$OUT/build-b.log" | head -40; exit 1; }
+  # Or AB_ENV='VAR=value ...': B is this tree's binary under that environment (a run-time switch).
+  if [ -n "${AB_ENV:-}" ]; then
+    bin_b=build-dev/bin/tansy; label_b="env $AB_ENV"
+  else
+    [ -f "${AB_PATCH:-}" ] || { echo "ab: set AB_PATCH to a patch file (or AB_ENV)"; exit 1; }
+    rm -rf /tmp/ab && mkdir -p /tmp/ab && tar --exclude='./build*' --exclude=./.carry --exclude=./.git --exclude="./$OUT" -cf - . | tar -xf - -C /tmp/ab
+    (cd /tmp/ab && patch -p1 -s ${AB_REVERSE:+-R} < "$OLDPWD/$AB_PATCH") || { echo "ab: the patch does not apply"; exit 1; }
+    cmake -S /tmp/ab -B /tmp/ab/build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" -DTANSY_GTEST_SOURCE="$deps/googletest-src" \
+      -DTANSY_CUDA_ARCHS=90 > "$OUT/configure-b.log" 2>&1 && cmake --build /tmp/ab/build-dev -j 16 --target tansy > "$OUT/build-b.log" 2>&1 \
+      || { grep -E "error" -A5 "$OUT/build-b.log" | head -40; exit 1; }
+    bin_b=/tmp/ab/build-dev/bin/tansy; label_b="patched"
+  fi
   args=("$@"); [ ${#args[@]} -eq 0 ] && args=(--contexts 2048,131072 --batches none --prompts none)
   for i in $(seq ${AB_ROUNDS:-2}); do
     for side in A B; do
-      bin=build-dev/bin/tansy; [ $side = B ] && bin=/tmp/ab/build-dev/bin/tansy
-      label="this tree"; [ $side = B ] && label="patched"
+      bin=build-dev/bin/tansy; [ $side = B ] && bin="env ${AB_ENV:-} $bin_b"
+      label="this tree"; [ $side = B ] && label="$label_b"
       echo "== $side ($label) round $i"
       timeout 200 $bin bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json --steps 16 --runs 5 "${args[@]}" 2>&1 \
         | grep -E "^ *batch +[0-9]+ context|prompt +[0-9]+:"

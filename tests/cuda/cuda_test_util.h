@@ -27,6 +27,16 @@ struct mma_families_scope {
     unsigned prev;
 };
 
+// Runs a test body with the one-row 4-bit decode kernels' int8 inputs on or off (cuda::set_decode_int8_inputs),
+// restoring the previous setting after.
+struct int8_inputs_scope {
+    explicit int8_inputs_scope(bool on) : prev(cuda::set_decode_int8_inputs(on)) {}
+    ~int8_inputs_scope() { cuda::set_decode_int8_inputs(prev); }
+    int8_inputs_scope(const int8_inputs_scope&) = delete;
+    int8_inputs_scope& operator=(const int8_inputs_scope&) = delete;
+    bool prev;
+};
+
 // The fast GEMM's kernels a test runs: mma.sync always, wgmma too where this build and device have it.
 inline std::vector<bool> gemm_wgmma_modes() {
     std::vector<bool> m{false};

@@ -18,6 +18,9 @@ constexpr double TOL_GEMV_REL = 1e-5;
 // Norm then fp16 rounding: the device's norm (rsqrtf, another summation order) moves some inputs across an fp16
 // rounding boundary, each such input off by one fp16 step (2^-11 relative); a layout error is ~1e-1.
 constexpr double TOL_GEMV_NORM_F16_REL = 1e-4;
+// Fast mode's int8 inputs (xq.cuh: two-level int8 per 32 values, at most max|x| / 64516 off per value, ~2e-5
+// relative on these random rows); the twin takes the unrounded values. A layout error is ~1e-1.
+constexpr double TOL_GEMV_INT8_REL = 1e-4;
 
 using cuda::dfmt;
 
@@ -47,19 +50,23 @@ TEST_P(cuda_gemv, matches_cpu_twin) {
     auto nw = test::random_uniform((size_t)g.cols, rng(), 0.5f, 1.5f);
     auto y0 = test::random_normal((size_t)(g.T * g.rows), rng());  // prior contents for accumulate
 
-    // CPU twin
-    std::vector<float> xin = x;
-    if (g.norm) cpu::rms_norm(xin.data(), x.data(), g.T, g.cols, nw.data(), 1e-6f);
-    if (g.f16)
-        for (float& v : xin) v = round_f16_host(v);
-    std::vector<float> want((size_t)(g.T * g.rows));
-    cpu::matmul(want.data(), xin.data(), g.T, m);
-    if (g.accumulate)
-        for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
+    // CPU twin: fp32 inputs, or (fast mode) as the kernel rounds them: to fp16, or not at all for int8 inputs
+    auto twin = [&](bool round_f16) {
+        std::vector<float> xin = x;
+        if (g.norm) cpu::rms_norm(xin.data(), x.data(), g.T, g.cols, nw.data(), 1e-6f);
+        if (round_f16)
+            for (float& v : xin) v = round_f16_host(v);
+        std::vector<float> want((size_t)(g.T * g.rows));
+        cpu::matmul(want.data(), xin.data(), g.T, m);
+        if (g.accumulate)
+            for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
+        return want;
+    };
 
-    // device: CUDA-core and (where the shape allows) tensor-core kernels
-    for (unsigned families : {0u, (unsigned)cuda::mma_all}) {
+    // device: CUDA-core and (where the shape allows) tensor-core kernels; int8 inputs on and off
+    for (auto [families, int8] : {std::pair{0u, true}, std::pair{0u, false}, std::pair{(unsigned)cuda::mma_all, true}}) {
         test::mma_families_scope scope(families);
+        test::int8_inputs_scope scope8(int8);
         cuda::device_buffer dx(x.size() * 4), dn(nw.size() * 4), dy(y0.size() * 4);
         dx.upload(x.data(), x.size() * 4);
         dn.upload(nw.data(), nw.size() * 4);
@@ -69,12 +76,17 @@ TEST_P(cuda_gemv, matches_cpu_twin) {
         p.norm_w = g.norm ? (const float*)dn.get() : nullptr;
         p.seg[0] = {(float*)dy.get(), g.rows, 0};
         p.accumulate = g.accumulate, p.f16_inputs = g.f16;
+        const bool xq = cuda::gemv_int8_inputs(p);
+        const bool xq_shape = int8 && g.f16 && f == dfmt::q4 && g.T == 1 && g.cols % 1024 == 0 && g.cols <= 4096;
+        if (families == 0) EXPECT_EQ(xq, xq_shape) << "which rows take int8 inputs";
+        else EXPECT_TRUE(!xq || xq_shape) << "which rows take int8 inputs";
         cuda::gemv(p, 0);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> want = twin(g.f16 && !xq);
         std::vector<float> got(want.size());
         dy.download(got.data(), got.size() * 4);
-        EXPECT_LT(test::rel_error(got, want), g.norm && g.f16 ? TOL_GEMV_NORM_F16_REL : TOL_GEMV_REL)
-            << "tensor-core families " << families;
+        const double tol = xq ? TOL_GEMV_INT8_REL : g.norm && g.f16 ? TOL_GEMV_NORM_F16_REL : TOL_GEMV_REL;
+        EXPECT_LT(test::rel_error(got, want), tol) << "tensor-core families " << families << ", int8 inputs " << int8;
     }
 }
 
@@ -95,6 +107,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // fp16-rounded inputs (without the norm the twin rounds the very same values), both kernels
                       gemv_case{0, 4099, 2048, 1, false, false, true}, gemv_case{0, 257, 512, 3, false, true, true},
                       gemv_case{2, 1001, 2048, 1, false, true, true}, gemv_case{0, 2051, 4096, 1, false, false, true},
+                      // fast mode, one row of 4-bit weights: int8 inputs (K = 1024, 2048, 4096; with the norm;
+                      // a 3-slot ring of 32-row tiles, a 6-slot ring of few rows, many tiles per block)
+                      gemv_case{0, 3, 1024, 1, true, true, true}, gemv_case{0, 40009, 2048, 1, true, false, true},
+                      gemv_case{0, 1001, 4096, 1, true, true, true}, gemv_case{0, 77, 2048, 1, true, false, true},
                       // fp16 inputs, 2..8 rows: the tensor-core GEMV's batched form (one dequantisation, 8 columns)
                       gemv_case{0, 4099, 2048, 8, false, true, true}, gemv_case{0, 2051, 4096, 4, false, false, true},
                       gemv_case{0, 77, 1024, 2, false, false, true},

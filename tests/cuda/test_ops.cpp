@@ -13,7 +13,8 @@ namespace {
 
 // Same weights, fp32 math in both; only summation order differs.
 constexpr double TOL_FP32_OP = 2e-5;
-// Fast mode: the GEMV/MoE inputs rounded to fp16 (2^-11 relative per value) as the fast GEMM's operands are.
+// Fast mode: the GEMV/MoE inputs rounded to fp16 (2^-11 relative per value) as the fast GEMM's operands are, or
+// (one row, 4-bit weights) as two-level int8 per 32 values (xq.cuh: at most max|x| / 64516 off per value).
 constexpr double TOL_F16_INPUT_OP = 2e-3;
 // The CUDA KV cache is bf16 (2^-8 relative per stored value), the CPU's fp32.
 constexpr double TOL_ATTENTION = 1e-2;
@@ -88,6 +89,11 @@ void check_ops(const model_config& cfg) {
         mma_families_scope scope(families);
         SCOPED_TRACE("tensor-core families " + std::to_string(families));
         check_project_moe_matmul(*p, TOL_FP32_OP);
+        check_project_moe_matmul(*fast, TOL_F16_INPUT_OP);
+    }
+    {
+        int8_inputs_scope scope(false);  // fast mode's one-row 4-bit kernels with fp16 inputs instead of int8
+        SCOPED_TRACE("int8 inputs off");
         check_project_moe_matmul(*fast, TOL_F16_INPUT_OP);
     }
     check_mixers(*p);

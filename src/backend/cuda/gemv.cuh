@@ -64,6 +64,14 @@ enum mma_family : unsigned { mma_gemv1 = 1, mma_gemvn = 2, mma_gate_up = 4, mma_
 unsigned decode_mma_families();
 unsigned set_decode_mma_families(unsigned families);  // returns the previous set
 
+// Whether the one-row decode kernels of 4-bit rows take their input as two-level int8 (xq.cuh: dp4a dot
+// products) in fast mode (f16 inputs). Default on; the environment's TANSY_DECODE_INT8=0 turns it off (A/B
+// measurements; the fp16-input kernels then run). Tests set it to run both forms. Set it before capturing a graph.
+bool decode_int8_inputs();
+bool set_decode_int8_inputs(bool on);  // returns the previous setting
+// Whether gemv(p) takes that path (its result then differs from the fp16-input twin by xq.cuh's quantisation).
+bool gemv_int8_inputs(const gemv_params& p);
+
 // Lanes that cooperate on one row: the largest power of two <= min(32, chunks per row).
 int gemv_lanes_per_row(int64_t n_chunks);
 

@@ -12,12 +12,14 @@
 //     gate/up's first tile, when it is the shared expert's, streams before the router finishes. H200 (Nsight
 //     Compute, one launch): down 12.4 -> 10.6 us; gate/up unchanged at ~18.5 us (the top-k round trip before
 //     the routed experts' loads stays on its critical path).
+// v7 (after the tensor-core v6 below): fast mode takes x and h as two-level int8 (xq.cuh) into dp4a dot products.
 #include <algorithm>
 #include <climits>
 
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/mma_dot.cuh"
 #include "backend/cuda/stream.cuh"
+#include "backend/cuda/xq.cuh"
 
 namespace tansy::cuda {
 
@@ -88,13 +90,17 @@ __global__ void topk_kernel(const moe_routing r, int T, int E, int k) {
     if (threadIdx.x % 32 == 0) store_route(r, t, E, k, chosen, wt);
 }
 
+// sum_i w_i x_i over a chunk from d, its dot product with the codes (affine: scale d + bias sum x) or values.
 template <dfmt F>
-__device__ __forceinline__ float affine_or_dense(const uint4& w, uint32_t sb, const float* xv, float sx) {
-    const float d = chunk_dot<F>(w, xv, sx);
+__device__ __forceinline__ float affine_or_dense(float d, uint32_t sb, float sx) {
     if constexpr (F == dfmt::bf16)
         return d;
     else
         return sb_scale(sb) * d + sb_bias(sb) * sx;
+}
+template <dfmt F>
+__device__ __forceinline__ float affine_or_dense(const uint4& w, uint32_t sb, const float* xv, float sx) {
+    return affine_or_dense<F>(chunk_dot<F>(w, xv, sx), sb, sx);
 }
 
 template <dfmt F>
@@ -234,13 +240,12 @@ __device__ __forceinline__ void gate_up_start(int n, Tile&& tile, Issue&& issue,
 // the normalised input in registers (lane l: chunks l, l+32, ...) and each warp takes rows of the tile. The top-k
 // runs in every block of the token (cheaper than a launch); block 0 stores it for down. Requires F == Fs and
 // D = 32*CPL chunks.
-template <dfmt F, int CPL>
+template <dfmt F, int CPL, bool XQ>
 __global__ void __launch_bounds__(k_stream_threads)
     gate_up_stream_kernel(float* h, const dmoe m, const moe_routing route, const float* x, int64_t ldx,
                           const float* norm_w, float eps, bool f16, int64_t h_ld, int tr, int64_t slot_bytes) {
     constexpr int CH = chunk_values<F>();
     constexpr bool AFFINE = F != dfmt::bf16;
-    __shared__ float s_inv[1];
     __shared__ int64_t s_row0[k_max_topk + 1];  // slot order: shared expert, then the k experts
     extern __shared__ __align__(16) char smem[];
     const int t = blockIdx.y;
@@ -248,8 +253,7 @@ __global__ void __launch_bounds__(k_stream_threads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t rw = m.gate.row_words(), ng = m.gate.n_groups(), code_bytes = align16((int64_t)tr * rw * 4),
                   sb_bytes = align16((int64_t)tr * ng * 4);
-    float* s_x = reinterpret_cast<float*>(smem);
-    char* slots = smem + align16((m.D / CH) * (CH + 4) * 4);
+    char* slots = smem + align16(lane_inputs_stage_bytes(F, XQ, m.D));
     const int64_t tiles_per_slot = (m.F + tr - 1) / tr;
     const int n = block_tiles((m.k + 1) * tiles_per_slot);
     auto tile = [&](int j, int& q, int64_t& r0) { return gate_up_tile(j, tr, m.F, tiles_per_slot, q, r0); };
@@ -268,9 +272,8 @@ __global__ void __launch_bounds__(k_stream_threads)
     };
     gate_up_start(n, tile, issue, m, route, t, s_row0, warp, lane);
     ring_start<k_ring_gate_up>(n, 1, issue);
-    if (norm_w) block_inv_rms_rows(s_inv, xr, ldx, 1, m.D, eps);
-    float xv[CPL][CH], sx[CPL];
-    stage_x<CH, CPL>(xv, sx, xr, norm_w, norm_w ? s_inv[0] : 1.0f, m.D, s_x, f16);
+    lane_inputs<F, CPL, XQ> in;
+    stage_lane_inputs(in, xr, norm_w, eps, m.D, smem, f16);
     int gi[CPL];  // lane's scale/bias word in a row, per chunk
 #pragma unroll
     for (int i = 0; i < CPL; i++) gi[i] = AFFINE ? ((lane + 32 * i) * CH) / m.gate.group : 0;
@@ -289,8 +292,8 @@ __global__ void __launch_bounds__(k_stream_threads)
 #pragma unroll
             for (int i = 0; i < CPL; i++) {
                 const int c = lane + 32 * i;
-                g += affine_or_dense<F>(wg[c], AFFINE ? sg[gi[i]] : 0u, xv[i], sx[i]);
-                u += affine_or_dense<F>(wu[c], AFFINE ? su[gi[i]] : 0u, xv[i], sx[i]);
+                g += affine_or_dense<F>(in.dot(i, wg[c]), AFFINE ? sg[gi[i]] : 0u, in.sum(i));
+                u += affine_or_dense<F>(in.dot(i, wu[c]), AFFINE ? su[gi[i]] : 0u, in.sum(i));
             }
             g = warp_sum(g), u = warp_sum(u);
             if (lane == 0) h[((int64_t)t * (m.k + 1) + slot) * h_ld + r0 + r] = siluf_(g) * u;
@@ -384,7 +387,7 @@ int64_t down_slot_bytes(const dmat& W, int slots, int64_t rows) {
 // grid: (blocks per token, T) (v5). Tiles of output rows stream through the ring, each holding those rows of all
 // k+1 slots' down matrices; one warp per output row, whose (k+1) x (F/CH) (slot, chunk) pairs are spread over the
 // lanes; the token's activations h sit in shared memory. x[t] += sum_j w_j down_j h_j. Requires F == Fs.
-template <dfmt F>
+template <dfmt F, bool XQ>
 __global__ void __launch_bounds__(k_stream_threads)
     down_stream_kernel(float* x, int64_t ldx, const dmoe m, const int32_t* idx, const float* wt, const float* sig,
                        const float* h, int64_t h_ld, float h_f16_scale, int tr, int64_t slot_bytes) {
@@ -396,8 +399,9 @@ __global__ void __launch_bounds__(k_stream_threads)
     const int t = blockIdx.y, ns = m.k + 1;
     const int64_t cpr = m.F / CH, rw = m.down.row_words(), ng = m.down.n_groups();
     const int64_t code_bytes = align16((int64_t)tr * rw * 4), seg_bytes = code_bytes + align16((int64_t)tr * ng * 4);
-    float* s_h = reinterpret_cast<float*>(smem);  // the token's (k+1) x F activations, chunk-padded as in stage_x
-    char* slots = smem + align16(ns * cpr * (CH + 4) * 4);
+    // the token's (k+1) x F activations: chunk-padded as in stage_x, or as two-level int8 (xq.cuh)
+    float* s_h = reinterpret_cast<float*>(smem);
+    char* slots = smem + align16(XQ ? xq_stage_bytes(ns * cpr) : ns * cpr * (CH + 4) * 4);
     const int n = block_tiles((m.D + tr - 1) / tr);
     auto rows_of = [&](int j, int64_t& r0) { return block_tile_rows(j, tr, m.D, r0); };
     auto issue = [&](int j) {
@@ -421,7 +425,8 @@ __global__ void __launch_bounds__(k_stream_threads)
     }
     __syncthreads();
     ring_start<k_ring_down>(n, 0, issue);
-    for (int e = 4 * threadIdx.x, iF = (int)m.F; e < ns * iF; e += 4 * blockDim.x) {
+    if constexpr (XQ) stage_xq(smem, nullptr, h + (int64_t)t * ns * h_ld, nullptr, ns * m.F);  // h_ld == F
+    for (int e = 4 * threadIdx.x, iF = (int)m.F; !XQ && e < ns * iF; e += 4 * blockDim.x) {
         const int j = e / iF, f = e - j * iF;
         float4 v = *reinterpret_cast<const float4*>(h + ((int64_t)t * ns + j) * h_ld + f);
         if (h_f16_scale != 0.0f) {
@@ -440,7 +445,8 @@ __global__ void __launch_bounds__(k_stream_threads)
     constexpr int U = 5;
     struct pair_ref {
         int seg, code, sb, xo;  // byte offsets of the slot's segment and of the chunk in a row; sb word; s_h offset
-        float sx, w;            // the input chunk's sum; the slot's weight
+                                // (fp32) or chunk (XQ)
+        float sx, w, st;        // the input chunk's sum; the slot's weight; its step (XQ)
     };
     const int pairs = ns * (int)cpr, icpr = (int)cpr;
     auto make_refs = [&](int q0, pair_ref(&pr)[U]) {
@@ -448,10 +454,15 @@ __global__ void __launch_bounds__(k_stream_threads)
         for (int u = 0; u < U; u++) {
             const int q = min(q0 + 32 * u, pairs - 1), slot = q / icpr, c = q - slot * icpr;
             pr[u].seg = slot * (int)seg_bytes, pr[u].code = c * 16, pr[u].sb = AFFINE ? (c * CH) / m.down.group : 0;
-            pr[u].xo = (slot * icpr + c) * (CH + 4);
-            float xv[CH];
-            chunk_load<CH>(xv, s_h + pr[u].xo);
-            pr[u].sx = chunk_sum<CH>(xv), pr[u].w = s_w[slot];
+            pr[u].w = s_w[slot];
+            if constexpr (XQ) {
+                pr[u].xo = q, pr[u].sx = xq_sums(smem, pairs)[q], pr[u].st = xq_steps(smem, pairs)[q];
+            } else {
+                pr[u].xo = (slot * icpr + c) * (CH + 4);
+                float xv[CH];
+                chunk_load<CH>(xv, s_h + pr[u].xo);
+                pr[u].sx = chunk_sum<CH>(xv), pr[u].st = 0.0f;
+            }
         }
     };
     const bool one_round = pairs <= 32 * U;
@@ -483,9 +494,16 @@ __global__ void __launch_bounds__(k_stream_threads)
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     if (q0 + 32 * u >= pairs) break;
-                    float xv[CH];
-                    chunk_load<CH>(xv, s_h + pr[u].xo);
-                    total += pr[u].w * affine_or_dense<F>(w[u], sb[u], xv, pr[u].sx);
+                    if constexpr (XQ) {
+                        xq_chunk xc;
+                        load_xq_codes(xc, smem, pairs, pr[u].xo);
+                        xc.s = pr[u].st;
+                        total += pr[u].w * affine_or_dense<F>(chunk_dot_xq(w[u], xc), sb[u], pr[u].sx);
+                    } else {
+                        float xv[CH];
+                        chunk_load<CH>(xv, s_h + pr[u].xo);
+                        total += pr[u].w * affine_or_dense<F>(w[u], sb[u], xv, pr[u].sx);
+                    }
                 }
             }
             total = warp_sum(total);
@@ -593,17 +611,16 @@ void moe_topk(const moe_routing& r, int T, int E, int k, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-template <dfmt F, int CPL>
+template <dfmt F, int CPL, bool XQ>
 void launch_gate_up_stream(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
                            const float* norm_w, float eps, bool f16, cudaStream_t stream) {
-    constexpr int CH = chunk_values<F>();
     const int64_t bx = std::max(1, sm_count() / T);
-    const size_t x_bytes = (size_t)align16((m.D / CH) * (CH + 4) * 4);
+    const size_t x_bytes = (size_t)align16(lane_inputs_stage_bytes(F, XQ, m.D));
     const stream_plan pl = plan_stream<k_ring_gate_up>((m.k + 1) * m.F, bx, x_bytes, k_stream_threads,
                                                [&](int64_t rows) { return gate_up_slot_bytes(m.gate, rows); });
-    allow_dynamic_smem<gate_up_stream_kernel<F, CPL>>(stream_smem_limit());
+    allow_dynamic_smem<gate_up_stream_kernel<F, CPL, XQ>>(stream_smem_limit());
     const int64_t tiles = (m.k + 1) * ((m.F + pl.rows_per_tile - 1) / pl.rows_per_tile);
-    launch_pdl(gate_up_stream_kernel<F, CPL>, dim3((unsigned)std::min(bx, tiles), (unsigned)T), dim3(k_stream_threads),
+    launch_pdl(gate_up_stream_kernel<F, CPL, XQ>, dim3((unsigned)std::min(bx, tiles), (unsigned)T), dim3(k_stream_threads),
                pl.smem, stream, h, m, r, x, ldx, norm_w, eps, f16, std::max(m.F, m.Fs), pl.rows_per_tile, pl.slot_bytes);
     CUDA_CHECK_LAUNCH();
 }
@@ -650,8 +667,11 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
     if (gate_up_mma_supports(m))
         return launch_gate_up_mma(h, m, r, x, ldx, T, norm_w, eps, f16, stream);  // tensor cores, top-k fused
     if (m.F == m.Fs && n_chunks % 32 == 0 && f == dfmt::q4) {  // the decode hot path: x in registers, top-k fused
-        if (n_chunks == 64) return launch_gate_up_stream<dfmt::q4, 2>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
-        if (n_chunks == 32) return launch_gate_up_stream<dfmt::q4, 1>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
+        const bool xq = f16 && decode_int8_inputs();  // fast mode: x as two-level int8 (xq.cuh)
+        if (n_chunks == 64 && xq) return launch_gate_up_stream<dfmt::q4, 2, true>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
+        if (n_chunks == 32 && xq) return launch_gate_up_stream<dfmt::q4, 1, true>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
+        if (n_chunks == 64) return launch_gate_up_stream<dfmt::q4, 2, false>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
+        if (n_chunks == 32) return launch_gate_up_stream<dfmt::q4, 1, false>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
     }
     moe_topk(r, T, m.E, m.k, stream);
     const int32_t* idx = r.idx;
@@ -667,11 +687,11 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
     CUDA_CHECK_LAUNCH();
 }
 
-template <dfmt F>
+template <dfmt F, bool XQ = false>
 void launch_down(dim3 grid, const stream_plan& pl, cudaStream_t stream, float* x, int64_t ldx, const dmoe& m,
                  const int32_t* idx, const float* wt, const float* sig, const float* h, int64_t h_ld, float h_f16_scale) {
-    allow_dynamic_smem<down_stream_kernel<F>>(stream_smem_limit());
-    launch_pdl(down_stream_kernel<F>, grid, dim3(k_stream_threads), pl.smem, stream, x, ldx, m, idx,
+    allow_dynamic_smem<down_stream_kernel<F, XQ>>(stream_smem_limit());
+    launch_pdl(down_stream_kernel<F, XQ>, grid, dim3(k_stream_threads), pl.smem, stream, x, ldx, m, idx,
                wt, sig, h, h_ld, h_f16_scale, pl.rows_per_tile, pl.slot_bytes);
 }
 
@@ -715,11 +735,13 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
     if (T == 0) return;
     if (down_mma_supports(m)) return launch_down_mma(x, ldx, m, idx, wt, sig, h, T, h_f16_scale, stream);
     const int64_t h_ld = std::max(m.F, m.Fs);
-    const int CH = chunk_of(f), ns = m.k + 1;
+    const int ns = m.k + 1;
+    const bool xq = f == dfmt::q4 && h_f16_scale != 0.0f && decode_int8_inputs();  // fast mode: h as int8 (xq.cuh)
     const int64_t bx = std::max(1, sm_count() / T);
-    const size_t h_bytes = (size_t)align16(ns * (m.F / CH) * (CH + 4) * 4);
+    const size_t h_bytes = (size_t)align16(lane_inputs_stage_bytes(f, xq, ns * m.F));
     const stream_plan pl = plan_stream<k_ring_down>(m.D, bx, h_bytes, k_stream_threads, [&](int64_t rows) { return down_slot_bytes(m.down, ns, rows); });
     const dim3 grid((unsigned)std::min(bx, pl.tiles), (unsigned)T);
+    if (xq) return launch_down<dfmt::q4, true>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale);
     switch (f) {
         case dfmt::q4: launch_down<dfmt::q4>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale); break;
         case dfmt::q8: launch_down<dfmt::q8>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale); break;
