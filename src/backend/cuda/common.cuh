@@ -174,33 +174,44 @@ __device__ __forceinline__ float round_f16(float v) {
 }
 
 // Loads one input row of K floats into registers the way the "x-stationary" kernels want it: lane l gets chunks
-// l, l+32, ... (CH floats each, optionally RMS-normalised with weights nw and inverse RMS inv), plus each
-// chunk's sum. note: read straight from global memory, lane l's chunk sits 32*CH*4 bytes from its neighbour's,
-// so every load touched 32 cache lines (v3 of the GEMV lost most of its time there); the block stages the row
-// through shared memory with coalesced loads instead, padded by 4 floats per chunk so that the 16-byte reads
-// of 8 lanes (one LDS.128 phase) fall in distinct banks. smem holds (K/CH) * (CH+4) floats. f16: the
+// l, l+32, ... (CH floats each, optionally RMS-normalised with weights nw), plus each chunk's sum. note: read
+// straight from global memory, lane l's chunk sits 32*CH*4 bytes from its neighbour's, so every load touched 32
+// cache lines (v3 of the GEMV lost most of its time there); the block stages the row through shared memory with
+// coalesced loads instead, padded by 4 floats per chunk so that the 16-byte reads of 8 lanes (one LDS.128
+// phase) fall in distinct banks. smem holds (K/CH) * (CH+4) floats. The norm takes the same pass: x * nw is
+// staged while the warps' parts of sum x^2 go to `red` (32 floats), and each lane scales its chunks by 1/rms
+// after the one barrier (a separate norm pass cost a global round trip and two barriers more). f16: the
 // (normalised) values rounded to fp16 (round_f16).
 template <int CH, int CPL>
 __device__ __forceinline__ void stage_x(float (&xv)[CPL][CH], float (&sx)[CPL], const float* x, const float* nw,
-                                        float inv, int64_t K, float* smem, bool f16 = false) {
+                                        float eps, int64_t K, float* smem, float* red, bool f16 = false) {
+    float ss = 0.0f;
     for (int64_t k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
         float4 v = *reinterpret_cast<const float4*>(x + k);
         if (nw) {
             const float4 w = *reinterpret_cast<const float4*>(nw + k);
-            v.x *= inv * w.x, v.y *= inv * w.y, v.z *= inv * w.z, v.w *= inv * w.w;
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            v.x *= w.x, v.y *= w.y, v.z *= w.z, v.w *= w.w;
         }
-        if (f16) v = make_float4(round_f16(v.x), round_f16(v.y), round_f16(v.z), round_f16(v.w));
         *reinterpret_cast<float4*>(smem + (k / CH) * (CH + 4) + k % CH) = v;
     }
-    __syncthreads();
     const int lane = threadIdx.x % 32;
+    if (nw) {
+        ss = warp_sum(ss);
+        if (lane == 0) red[threadIdx.x / 32] = ss;
+    }
+    __syncthreads();
+    float inv = 1.0f;
+    if (nw) inv = rsqrtf(warp_sum(lane < (int)(blockDim.x / 32) ? red[lane] : 0.0f) / (float)K + eps);
 #pragma unroll
     for (int i = 0; i < CPL; i++) {
         const float* src = smem + (int64_t)(lane + 32 * i) * (CH + 4);
         sx[i] = 0;
 #pragma unroll
         for (int j = 0; j < CH; j += 4) {
-            const float4 v = *reinterpret_cast<const float4*>(src + j);
+            float4 v = *reinterpret_cast<const float4*>(src + j);
+            if (nw) v.x *= inv, v.y *= inv, v.z *= inv, v.w *= inv;
+            if (f16) v = make_float4(round_f16(v.x), round_f16(v.y), round_f16(v.z), round_f16(v.w));
             xv[i][j] = v.x, xv[i][j + 1] = v.y, xv[i][j + 2] = v.z, xv[i][j + 3] = v.w;
             sx[i] += (v.x + v.y) + (v.z + v.w);
         }

@@ -193,9 +193,8 @@ __device__ __forceinline__ void stage_lane_inputs(lane_inputs<F, CPL, XQ>& in, c
 #pragma unroll
         for (int i = 0; i < CPL; i++) in.c[i] = load_xq(smem, K / 32, lane + 32 * i, scale);
     } else {
-        __shared__ float s_inv[1];
-        if (nw) block_inv_rms_rows(s_inv, x, K, 1, K, eps);
-        stage_x<chunk_values<F>(), CPL>(in.v, in.s, x, nw, nw ? s_inv[0] : 1.0f, K, reinterpret_cast<float*>(smem), f16);
+        __shared__ float red[32];
+        stage_x<chunk_values<F>(), CPL>(in.v, in.s, x, nw, eps, K, reinterpret_cast<float*>(smem), red, f16);
     }
 }
 
