@@ -262,6 +262,86 @@ void launch_stream(const gemv_params& p, cudaStream_t stream) {
     }
 }
 
+// ---- One input row of 4-bit rows in fast mode (v8): per-warp rows and rings, as MoE gate/up (moe.cu v8). Warp
+// gw (of NW) owns rows gw, gw + NW, ... and streams them through its own S-row ring in shared memory (queued
+// before the PDL wait: weights only), waiting only for its own rows (cp.async groups, __syncwarp): no tile
+// barriers, a row is used as soon as it lands. One barrier stages the int8 input (xq.cuh).
+__host__ __device__ inline int64_t gemv_row_bytes(const dmat& W) { return W.row_words() * 4 + W.n_groups() * 4; }
+
+template <int CPL, int S>
+__global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_params p) {
+    constexpr int W = k_stream_threads / 32;
+    extern __shared__ __align__(16) char smem[];
+    const int64_t K = p.W.cols, N = p.W.rows, rw = p.W.row_words(), ng = p.W.n_groups();
+    const int64_t code = rw * 4, row_bytes = code + ng * 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    char* ring = smem + align16(xq_stage_bytes(K / 32)) + (int64_t)warp * S * row_bytes;
+    const int64_t NW = (int64_t)gridDim.x * W, gw = (int64_t)blockIdx.x * W + warp;
+    const int nr = gw < N ? (int)((N - gw + NW - 1) / NW) : 0;
+    auto issue = [&](int i) {
+        const int64_t row = gw + i * NW;
+        char* s = ring + (i % S) * row_bytes;
+        warp_copy_async(s, p.W.w + row * rw, (int)code);
+        warp_copy_async(s + code, p.W.sb + row * ng, (int)(ng * 4));
+    };
+    pdl_trigger();
+    for (int i = 0; i < S - 1; i++) {
+        if (i < nr) issue(i);
+        cp_async_commit();
+    }
+    pdl_wait();
+    __shared__ float red[32];
+    stage_xq(smem, red, p.x, p.norm_w, K);
+    __syncthreads();
+    const float scale = p.norm_w ? xq_inv_rms(red, K, p.eps) : 1.0f;
+    xq_chunk xc[CPL];
+    int gi[CPL];  // lane's scale/bias word in a row, per chunk
+#pragma unroll
+    for (int c = 0; c < CPL; c++) xc[c] = load_xq(smem, K / 32, lane + 32 * c, scale), gi[c] = ((lane + 32 * c) * 32) / p.W.group;
+    for (int i = 0; i < nr; i++) {
+        if (i + S - 1 < nr) issue(i + S - 1);  // into the slot row i-1 used (freed by the __syncwarp below)
+        cp_async_commit();
+        cp_async_wait<S - 1>();  // row i has landed (this lane's copies)
+        __syncwarp();            // ... and the other lanes'
+        const char* s = ring + (i % S) * row_bytes;
+        const uint4* w = reinterpret_cast<const uint4*>(s);
+        const uint32_t* sb = reinterpret_cast<const uint32_t*>(s + code);
+        float acc = 0;
+#pragma unroll
+        for (int c = 0; c < CPL; c++) {
+            const uint32_t v = sb[gi[c]];
+            acc += sb_scale(v) * chunk_dot_xq(w[lane + 32 * c], xc[c]) + sb_bias(v) * xc[c].sum;
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) store_out(p, gw + i * NW, 0, acc);
+        __syncwarp();  // the slot is read before row i+S is issued into it
+    }
+}
+
+// Ring rows per warp: 6 where they fit (K = 2048: a projection's ~6 rows per warp all in flight), else 3.
+int gemv_warp_slots(const gemv_params& p) {
+    const int64_t rb = gemv_row_bytes(p.W);
+    for (int s : {6, 3})
+        if ((size_t)align16(xq_stage_bytes(p.W.cols / 32)) + (size_t)(k_stream_threads / 32) * s * rb <= stream_smem_limit() &&
+            (size_t)(k_stream_threads / 32) * s * rb <= 120 * 1024)
+            return s;
+    return 0;
+}
+
+template <int CPL, int S>
+void launch_warp_as(const gemv_params& p, cudaStream_t stream) {
+    const size_t smem = (size_t)align16(xq_stage_bytes(p.W.cols / 32)) + (size_t)(k_stream_threads / 32) * S * gemv_row_bytes(p.W);
+    allow_dynamic_smem<gemv_warp_kernel<CPL, S>>(stream_smem_limit());
+    const int64_t blocks = std::min<int64_t>(sm_count(), (p.W.rows + k_stream_threads / 32 - 1) / (k_stream_threads / 32));
+    launch_pdl(gemv_warp_kernel<CPL, S>, dim3((unsigned)blocks), dim3(k_stream_threads), smem, stream, p);
+}
+
+template <int CPL>
+void launch_warp(const gemv_params& p, cudaStream_t stream) {
+    if (gemv_warp_slots(p) == 6) launch_warp_as<CPL, 6>(p, stream);
+    else launch_warp_as<CPL, 3>(p, stream);
+}
+
 // ---- 4-bit weights on tensor cores (v5): mma_dot.cuh does the dot products for 1..16 input rows; the weight
 // tiles stream through the ring as in v4 (rows padded in shared memory), the K units of a tile's 16-row blocks
 // are split over the warps and folded through shared memory.
@@ -441,9 +521,9 @@ void launch(const gemv_params& p, cudaStream_t stream) {
         if (gemv_int8_inputs(p)) {
             if constexpr (F == dfmt::q4) {
                 switch (xs_chunks_per_lane<F>(n_chunks)) {
-                    case 1: launch_stream<F, 1, true>(p, stream); break;
-                    case 2: launch_stream<F, 2, true>(p, stream); break;
-                    case 4: launch_stream<F, 4, true>(p, stream); break;
+                    case 1: launch_warp<1>(p, stream); break;
+                    case 2: launch_warp<2>(p, stream); break;
+                    case 4: launch_warp<4>(p, stream); break;
                     default: TANSY_CHECK(false, "gemv: no int8-input kernel for %lld chunks", (long long)n_chunks);
                 }
             }
@@ -525,7 +605,7 @@ bool set_decode_int8_inputs(bool on) { return int8_inputs_enabled().exchange(on)
 
 bool gemv_int8_inputs(const gemv_params& p) {
     return decode_int8_inputs() && p.f16_inputs && p.W.fmt == dfmt::q4 && p.T == 1 && !mma_gemv_supports(p) &&
-           xs_chunks_per_lane<dfmt::q4>(p.W.cols / 32) != 0;
+           xs_chunks_per_lane<dfmt::q4>(p.W.cols / 32) != 0 && gemv_warp_slots(p) != 0;
 }
 
 unsigned decode_mma_families() { return mma_families().load(std::memory_order_relaxed); }

@@ -304,12 +304,6 @@ __global__ void __launch_bounds__(k_stream_threads)
     });
 }
 
-// Copies `bytes` (a multiple of 16, both ends 16-byte aligned) with the 32 lanes of a warp, 16 bytes per cp.async.
-__device__ __forceinline__ void warp_copy_async(void* dst, const void* src, int bytes) {
-    for (int i = 16 * (int)(threadIdx.x % 32); i < bytes; i += 16 * 32)
-        cp_async16(static_cast<char*>(dst) + i, static_cast<const char*>(src) + i);
-}
-
 // gate/up with per-warp rows (v8; fast mode, 4-bit rows, int8 inputs): warp w of block b owns the token's rows
 // v = gw, gw + NW, ... (gw = b * warps + w, NW warps per token; v < F: the shared expert's row v, else expert
 // slot v / F, row v % F) and streams them through its own ring of k_gu_warp_slots rows in shared memory: it

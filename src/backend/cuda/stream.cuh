@@ -32,6 +32,13 @@ __device__ __forceinline__ void block_copy_async(void* dst, const void* src, int
     }
 }
 
+// Copies `bytes` (a multiple of 16, both ends 16-byte aligned) with the 32 lanes of a warp, 16 bytes per cp.async
+// (the per-warp rings of gate_up_warp_kernel and gemv_warp_kernel).
+__device__ __forceinline__ void warp_copy_async(void* dst, const void* src, int bytes) {
+    for (int i = 16 * (int)(threadIdx.x % 32); i < bytes; i += 16 * 32)
+        cp_async16(static_cast<char*>(dst) + i, static_cast<const char*>(src) + i);
+}
+
 // Tiles 0..S-2 (as many as exist), one commit group each (empty groups keep the count aligned).
 template <int S, class Issue>
 __device__ __forceinline__ void ring_start(int n, int first, Issue&& issue) {
