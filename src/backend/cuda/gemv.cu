@@ -25,6 +25,8 @@
 // v7: fast mode, 4-bit rows: the input as two-level int8 (xq.cuh), dot products on dp4a (~0.9 instead of ~2.4
 //     instructions per weight), the RMS norm and the staging in one pass; with MoE gate/up and down the same
 //     (moe.cu). H200: 2K decode 424 -> 545 tok/s, 128K 330 -> 399.
+// v8: those rows stream per warp (gemv_warp_kernel: each warp its own rows and ring, no tile barriers), which
+//     replaced v7's block ring. H200: 2K 549 -> 556 tok/s, 128K 400 -> 405.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -148,13 +150,14 @@ int64_t gemv_slot_bytes(const dmat& W, int64_t rows) {
     return align16(rows * W.row_words() * 4) + align16(rows * W.n_groups() * 4);
 }
 
-template <dfmt F, int CPL, int THREADS, int S, int RPW, bool XQ>
+template <dfmt F, int CPL, int THREADS, int S, int RPW>
 __global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params p, int tr, int64_t slot_bytes) {
     constexpr int CH = chunk_values<F>();
     constexpr bool AFFINE = F != dfmt::bf16;
     extern __shared__ __align__(16) char smem[];
     const int64_t K = p.W.cols, N = p.W.rows, rw = p.W.row_words(), ng = p.W.n_groups();
-    char* slots = smem + align16(lane_inputs_stage_bytes(F, XQ, K));
+    float* s_x = reinterpret_cast<float*>(smem);
+    char* slots = smem + align16((K / CH) * (CH + 4) * 4);
     const int64_t code_bytes = align16((int64_t)tr * rw * 4);
     const int n = block_tiles((N + tr - 1) / tr);
     auto rows_of = [&](int j, int64_t& r0) { return block_tile_rows(j, tr, N, r0); };
@@ -170,8 +173,9 @@ __global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params 
     pdl_trigger();
     ring_start<S>(n, 0, issue);
     pdl_wait();
-    lane_inputs<F, CPL, XQ> in;
-    stage_lane_inputs(in, p.x, p.norm_w, p.eps, K, smem, p.f16_inputs);
+    __shared__ float red[32];
+    float xv[CPL][CH], sx[CPL];
+    stage_x<CH, CPL>(xv, sx, p.x, p.norm_w, p.eps, K, s_x, red, p.f16_inputs);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int gi[CPL];  // lane's scale/bias word in a row, per chunk
 #pragma unroll
@@ -205,9 +209,9 @@ __global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params 
                 if (q > 0 && r + q * W >= nr) break;
 #pragma unroll
                 for (int i = 0; i < CPL; i++) {
-                    const float d = in.dot(i, wv[q][i]);
+                    const float d = chunk_dot<F>(wv[q][i], xv[i], sx[i]);
                     if constexpr (AFFINE)
-                        acc[q] += sb_scale(sb[q][i]) * d + sb_bias(sb[q][i]) * in.sum(i);
+                        acc[q] += sb_scale(sb[q][i]) * d + sb_bias(sb[q][i]) * sx[i];
                     else
                         acc[q] += d;
                 }
@@ -226,16 +230,17 @@ __global__ void __launch_bounds__(THREADS) gemv_stream_kernel(const gemv_params 
 
 // The ring plan of gemv_stream_kernel: S slots of tiles over the SMs, beside the staged input row.
 template <dfmt F, int S>
-stream_plan gemv_stream_plan(const gemv_params& p, int threads, bool xq) {
-    const size_t x_bytes = (size_t)align16(lane_inputs_stage_bytes(F, xq, p.W.cols));
+stream_plan gemv_stream_plan(const gemv_params& p, int threads) {
+    constexpr int CH = chunk_values<F>();
+    const size_t x_bytes = (size_t)align16((p.W.cols / CH) * (CH + 4) * 4);
     return plan_stream<S>(p.W.rows, sm_count(), x_bytes, threads, [&](int64_t r) { return gemv_slot_bytes(p.W, r); });
 }
 
-template <dfmt F, int CPL, int THREADS, int S, int RPW, bool XQ>
+template <dfmt F, int CPL, int THREADS, int S, int RPW>
 void launch_stream_as(const gemv_params& p, const stream_plan& pl, cudaStream_t stream) {
-    allow_dynamic_smem<gemv_stream_kernel<F, CPL, THREADS, S, RPW, XQ>>(stream_smem_limit());
+    allow_dynamic_smem<gemv_stream_kernel<F, CPL, THREADS, S, RPW>>(stream_smem_limit());
     const int64_t blocks = std::min<int64_t>(pl.tiles, sm_count());
-    launch_pdl(gemv_stream_kernel<F, CPL, THREADS, S, RPW, XQ>, dim3((unsigned)blocks), dim3(THREADS), pl.smem, stream,
+    launch_pdl(gemv_stream_kernel<F, CPL, THREADS, S, RPW>, dim3((unsigned)blocks), dim3(THREADS), pl.smem, stream,
                p, pl.rows_per_tile, pl.slot_bytes);
 }
 
@@ -243,22 +248,18 @@ void launch_stream_as(const gemv_params& p, const stream_plan& pl, cudaStream_t 
 // of 32 rows, two rows per warp (a 14 MB projection's whole share per SM in flight, as 6 slots of 16 rows, with
 // half the per-tile and per-row overhead: the K = 2048 projections spent half their instructions outside the dot
 // products; H200: 2K decode 416 -> 422 tok/s); else (8-bit or bf16 rows, fewer rows) a 6-slot ring of tiles of
-// one row per warp, as measured before. Wider fp32 inputs (K = 4096 at 4 bits): 8 warps (255 registers each),
-// tiles of 8 rows, one per warp, 3 slots (a block's ~16 rows). As int8 (XQ) the K = 4096 input takes 72
-// registers: 16 warps, tiles of 16 rows, one per warp, 3 slots.
-template <dfmt F, int CPL, bool XQ>
+// one row per warp, as measured before. Wider inputs (K = 4096 at 4 bits): 8 warps (255 registers each), tiles of
+// 8 rows, one per warp, 3 slots (a block's ~16 rows).
+template <dfmt F, int CPL>
 void launch_stream(const gemv_params& p, cudaStream_t stream) {
-    constexpr int T = k_stream_threads, TW = k_stream_threads_wide;
-    if constexpr (!XQ && CPL * chunk_values<F>() > 64) {
-        launch_stream_as<F, CPL, TW, 3, 1, XQ>(p, gemv_stream_plan<F, 3>(p, TW, XQ), stream);
-    } else if constexpr (XQ && CPL > 2) {
-        launch_stream_as<F, CPL, T, 3, 1, XQ>(p, gemv_stream_plan<F, 3>(p, T, XQ), stream);
+    if constexpr (CPL * chunk_values<F>() > 64) {
+        launch_stream_as<F, CPL, k_stream_threads_wide, 3, 1>(p, gemv_stream_plan<F, 3>(p, k_stream_threads_wide), stream);
     } else {
-        const stream_plan three = gemv_stream_plan<F, 3>(p, T, XQ);
-        if (three.rows_per_tile >= 2 * (T / 32))
-            launch_stream_as<F, CPL, T, 3, 2, XQ>(p, three, stream);
+        const stream_plan three = gemv_stream_plan<F, 3>(p, k_stream_threads);
+        if (three.rows_per_tile >= 2 * (k_stream_threads / 32))
+            launch_stream_as<F, CPL, k_stream_threads, 3, 2>(p, three, stream);
         else
-            launch_stream_as<F, CPL, T, 6, 1, XQ>(p, gemv_stream_plan<F, 6>(p, T, XQ), stream);
+            launch_stream_as<F, CPL, k_stream_threads, 6, 1>(p, gemv_stream_plan<F, 6>(p, k_stream_threads), stream);
     }
 }
 
@@ -529,11 +530,11 @@ void launch(const gemv_params& p, cudaStream_t stream) {
             }
         } else {
             switch (xs_chunks_per_lane<F>(n_chunks)) {
-                case 1: launch_stream<F, 1, false>(p, stream); break;
-                case 2: launch_stream<F, 2, false>(p, stream); break;
-                case 4: launch_stream<F, 4, false>(p, stream); break;
+                case 1: launch_stream<F, 1>(p, stream); break;
+                case 2: launch_stream<F, 2>(p, stream); break;
+                case 4: launch_stream<F, 4>(p, stream); break;
                 case 8:
-                    if constexpr (chunk_values<F>() <= 16) launch_stream<F, 8, false>(p, stream);
+                    if constexpr (chunk_values<F>() <= 16) launch_stream<F, 8>(p, stream);
                     else done = false;
                     break;
                 default: done = false;

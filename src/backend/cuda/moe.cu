@@ -243,7 +243,7 @@ __device__ __forceinline__ void gate_up_start(int n, Tile&& tile, Issue&& issue,
 // the normalised input in registers (lane l: chunks l, l+32, ...) and each warp takes rows of the tile. The top-k
 // runs in every block of the token (cheaper than a launch); block 0 stores it for down. Requires F == Fs and
 // D = 32*CPL chunks.
-template <dfmt F, int CPL, bool XQ>
+template <dfmt F, int CPL>
 __global__ void __launch_bounds__(k_stream_threads)
     gate_up_stream_kernel(float* h, const dmoe m, const moe_routing route, const float* x, int64_t ldx,
                           const float* norm_w, float eps, bool f16, int64_t h_ld, int tr, int64_t slot_bytes) {
@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(k_stream_threads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t rw = m.gate.row_words(), ng = m.gate.n_groups(), code_bytes = align16((int64_t)tr * rw * 4),
                   sb_bytes = align16((int64_t)tr * ng * 4);
-    char* slots = smem + align16(lane_inputs_stage_bytes(F, XQ, m.D));
+    float* s_x = reinterpret_cast<float*>(smem);
+    char* slots = smem + align16((m.D / CH) * (CH + 4) * 4);
     const int64_t tiles_per_slot = (m.F + tr - 1) / tr;
     const int n = block_tiles((m.k + 1) * tiles_per_slot);
     auto tile = [&](int j, int& q, int64_t& r0) { return gate_up_tile(j, tr, m.F, tiles_per_slot, q, r0); };
@@ -275,8 +276,9 @@ __global__ void __launch_bounds__(k_stream_threads)
     };
     gate_up_start(n, tile, issue, m, route, t, s_row0, warp, lane);
     ring_start<k_ring_gate_up>(n, 1, issue);
-    lane_inputs<F, CPL, XQ> in;
-    stage_lane_inputs(in, xr, norm_w, eps, m.D, smem, f16);
+    __shared__ float red[32];
+    float xv[CPL][CH], sx[CPL];
+    stage_x<CH, CPL>(xv, sx, xr, norm_w, eps, m.D, s_x, red, f16);
     int gi[CPL];  // lane's scale/bias word in a row, per chunk
 #pragma unroll
     for (int i = 0; i < CPL; i++) gi[i] = AFFINE ? ((lane + 32 * i) * CH) / m.gate.group : 0;
@@ -295,8 +297,8 @@ __global__ void __launch_bounds__(k_stream_threads)
 #pragma unroll
             for (int i = 0; i < CPL; i++) {
                 const int c = lane + 32 * i;
-                g += affine_or_dense<F>(in.dot(i, wg[c]), AFFINE ? sg[gi[i]] : 0u, in.sum(i));
-                u += affine_or_dense<F>(in.dot(i, wu[c]), AFFINE ? su[gi[i]] : 0u, in.sum(i));
+                g += affine_or_dense<F>(wg[c], AFFINE ? sg[gi[i]] : 0u, xv[i], sx[i]);
+                u += affine_or_dense<F>(wu[c], AFFINE ? su[gi[i]] : 0u, xv[i], sx[i]);
             }
             g = warp_sum(g), u = warp_sum(u);
             if (lane == 0) h[((int64_t)t * (m.k + 1) + slot) * h_ld + r0 + r] = siluf_(g) * u;
@@ -703,16 +705,17 @@ void moe_topk(const moe_routing& r, int T, int E, int k, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-template <dfmt F, int CPL, bool XQ>
+template <dfmt F, int CPL>
 void launch_gate_up_stream(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
                            const float* norm_w, float eps, bool f16, cudaStream_t stream) {
+    constexpr int CH = chunk_values<F>();
     const int64_t bx = std::max(1, sm_count() / T);
-    const size_t x_bytes = (size_t)align16(lane_inputs_stage_bytes(F, XQ, m.D));
+    const size_t x_bytes = (size_t)align16((m.D / CH) * (CH + 4) * 4);
     const stream_plan pl = plan_stream<k_ring_gate_up>((m.k + 1) * m.F, bx, x_bytes, k_stream_threads,
                                                [&](int64_t rows) { return gate_up_slot_bytes(m.gate, rows); });
-    allow_dynamic_smem<gate_up_stream_kernel<F, CPL, XQ>>(stream_smem_limit());
+    allow_dynamic_smem<gate_up_stream_kernel<F, CPL>>(stream_smem_limit());
     const int64_t tiles = (m.k + 1) * ((m.F + pl.rows_per_tile - 1) / pl.rows_per_tile);
-    launch_pdl(gate_up_stream_kernel<F, CPL, XQ>, dim3((unsigned)std::min(bx, tiles), (unsigned)T), dim3(k_stream_threads),
+    launch_pdl(gate_up_stream_kernel<F, CPL>, dim3((unsigned)std::min(bx, tiles), (unsigned)T), dim3(k_stream_threads),
                pl.smem, stream, h, m, r, x, ldx, norm_w, eps, f16, std::max(m.F, m.Fs), pl.rows_per_tile, pl.slot_bytes);
     CUDA_CHECK_LAUNCH();
 }
@@ -783,10 +786,8 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
             if (n_chunks == 64) return launch_gate_up_warp<2>(h, m, r, x, ldx, T, norm_w, eps, stream);
             if (n_chunks == 32) return launch_gate_up_warp<1>(h, m, r, x, ldx, T, norm_w, eps, stream);
         }
-        if (n_chunks == 64 && xq) return launch_gate_up_stream<dfmt::q4, 2, true>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
-        if (n_chunks == 32 && xq) return launch_gate_up_stream<dfmt::q4, 1, true>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
-        if (n_chunks == 64) return launch_gate_up_stream<dfmt::q4, 2, false>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
-        if (n_chunks == 32) return launch_gate_up_stream<dfmt::q4, 1, false>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
+        if (n_chunks == 64) return launch_gate_up_stream<dfmt::q4, 2>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
+        if (n_chunks == 32) return launch_gate_up_stream<dfmt::q4, 1>(h, m, r, x, ldx, T, norm_w, eps, f16, stream);
     }
     moe_topk(r, T, m.E, m.k, stream);
     const int32_t* idx = r.idx;
@@ -853,7 +854,8 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
     const int ns = m.k + 1;
     const bool xq = f == dfmt::q4 && h_f16_scale != 0.0f && decode_int8_inputs();  // fast mode: h as int8 (xq.cuh)
     const int64_t bx = std::max(1, sm_count() / T);
-    const size_t h_bytes = (size_t)align16(lane_inputs_stage_bytes(f, xq, ns * m.F));
+    const int CH = chunk_of(f);
+    const size_t h_bytes = (size_t)align16(xq ? xq_stage_bytes(ns * m.F / 32) : ns * (m.F / CH) * (CH + 4) * 4);
     const stream_plan pl = plan_stream<k_ring_down>(m.D, bx, h_bytes, k_stream_threads, [&](int64_t rows) { return down_slot_bytes(m.down, ns, rows); });
     const dim3 grid((unsigned)std::min(bx, pl.tiles), (unsigned)T);
     if (xq) return launch_down<dfmt::q4, true>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale);

@@ -155,48 +155,5 @@ __device__ __forceinline__ float chunk_dot_xq(const uint4& c, const xq_chunk& x)
     return x.s * (float)((16 * ae + ao) * 254 + (16 * be + bo));
 }
 
-// The input chunks a lane holds for a one-row decode kernel (chunks lane, lane + 32, ...): fp32 values (any
-// format), or two-level int8 (XQ: 4-bit rows, fast mode). dot(i, w) = sum_j w_j x_j over chunk i (w_j the code
-// or the bf16 value), sum(i) = sum_j x_j.
-template <dfmt F, int CPL, bool XQ>
-struct lane_inputs {
-    static constexpr int CH = chunk_values<F>();
-    float v[CPL][CH], s[CPL];
-    __device__ __forceinline__ float dot(int i, const uint4& w) const { return chunk_dot<F>(w, v[i], s[i]); }
-    __device__ __forceinline__ float sum(int i) const { return s[i]; }
-};
-template <int CPL>
-struct lane_inputs<dfmt::q4, CPL, true> {
-    xq_chunk c[CPL];
-    __device__ __forceinline__ float dot(int i, const uint4& w) const { return chunk_dot_xq(w, c[i]); }
-    __device__ __forceinline__ float sum(int i) const { return c[i].sum; }
-};
-
-// Shared memory the staging of K input values takes.
-__host__ __device__ inline int64_t lane_inputs_stage_bytes(dfmt f, bool xq, int64_t K) {
-    const int ch = f == dfmt::q4 ? 32 : f == dfmt::q8 ? 16 : 8;
-    return xq ? xq_stage_bytes(K / 32) : (K / ch) * (ch + 4) * 4;
-}
-
-// Block-wide (every thread calls it; barriers inside): the K values of x, RMS-normalised with nw when it is set,
-// into every lane's registers through `smem` (lane_inputs_stage_bytes); fp32 values are rounded to fp16 when
-// f16 (the int8 form is itself the fast mode's rounding).
-template <dfmt F, int CPL, bool XQ>
-__device__ __forceinline__ void stage_lane_inputs(lane_inputs<F, CPL, XQ>& in, const float* x, const float* nw,
-                                                  float eps, int64_t K, char* smem, bool f16) {
-    const int lane = threadIdx.x % 32;
-    if constexpr (XQ) {
-        __shared__ float red[32];
-        stage_xq(smem, red, x, nw, K);
-        __syncthreads();
-        const float scale = nw ? xq_inv_rms(red, K, eps) : 1.0f;
-#pragma unroll
-        for (int i = 0; i < CPL; i++) in.c[i] = load_xq(smem, K / 32, lane + 32 * i, scale);
-    } else {
-        __shared__ float red[32];
-        stage_x<chunk_values<F>(), CPL>(in.v, in.s, x, nw, eps, K, reinterpret_cast<float*>(smem), red, f16);
-    }
-}
-
 }  // namespace tansy::cuda
 #endif
