@@ -606,6 +606,83 @@ __global__ void __launch_bounds__(k_stream_threads)
     });
 }
 
+// down with per-warp rows (v8; fast mode, 4-bit rows, int8 h), as gate_up_warp_kernel: warp gw (of NW) owns
+// output rows gw, gw + NW, ... and streams each row's k+1 segments (the slots' down rows: codes, then scale/bias
+// words) through its own ring; every warp reads the routing itself; one barrier stages h. x[t] += sum_j w_j
+// down_j h_j. Requires F == Fs, F % 32 == 0.
+constexpr int k_dn_warp_slots = 2;
+
+__host__ __device__ inline int64_t down_seg_bytes(const dmat& W) { return W.row_words() * 4 + W.n_groups() * 4; }
+
+__global__ void __launch_bounds__(k_stream_threads)
+    down_warp_kernel(float* x, int64_t ldx, const dmoe m, const int32_t* idx, const float* wt, const float* sig,
+                     const float* h, int64_t h_ld) {
+    constexpr int S = k_dn_warp_slots, W = k_stream_threads / 32, U = 5;
+    extern __shared__ __align__(16) char smem[];
+    const int t = blockIdx.y, ns = m.k + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t rw = m.down.row_words(), ng = m.down.n_groups();
+    const int code = (int)(rw * 4), seg = code + (int)(ng * 4), row_bytes = ns * seg;
+    const int cpr = (int)(m.F / 32), pairs = ns * cpr;  // (slot, chunk) pairs of a row = staged chunks of h
+    char* ring = smem + align16(xq_stage_bytes(pairs)) + (int64_t)warp * S * row_bytes;
+    const int64_t NW = (int64_t)gridDim.x * W, gw = (int64_t)blockIdx.x * W + warp;
+    const int nr = gw < m.D ? (int)((m.D - gw + NW - 1) / NW) : 0;
+    pdl_trigger();
+    pdl_wait();  // routing and h come from gate/up
+    // lane j <= k: slot j's first row in its matrix (the shared expert's for j == k) and weight
+    const int64_t my_row0 = lane < m.k ? (int64_t)idx[t * m.k + lane] * m.D : 0;
+    const float my_w = lane < m.k ? wt[t * m.k + lane] : lane == m.k ? sig[t] : 0.0f;
+    auto issue = [&](int i) {
+        const int64_t r = gw + i * NW;
+        char* s = ring + (i % S) * row_bytes;
+        for (int j = 0; j < ns; j++) {
+            const int64_t row = (j == m.k ? 0 : __shfl_sync(0xffffffffu, my_row0, j)) + r;
+            const dmat& Wd = j == m.k ? m.s_down : m.down;
+            for (int o = 16 * lane; o < seg; o += 16 * 32) {
+                const char* src = o < code ? reinterpret_cast<const char*>(Wd.w + row * rw) + o
+                                           : reinterpret_cast<const char*>(Wd.sb + row * ng) + (o - code);
+                cp_async16(s + j * seg + o, src);
+            }
+        }
+    };
+    for (int i = 0; i < S - 1; i++) {
+        if (i < nr) issue(i);
+        cp_async_commit();
+    }
+    stage_xq(smem, nullptr, h + (int64_t)t * ns * h_ld, nullptr, ns * m.F);  // h_ld == F
+    __syncthreads();
+    // this lane's (slot, chunk) pairs: q = lane + 32 u
+    int sb_of[U], seg_of[U];
+    float w_of[U], st_of[U], sum_of[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int q = min(lane + 32 * u, pairs - 1), j = q / cpr, c = q - j * cpr;
+        seg_of[u] = j * seg + c * 16, sb_of[u] = j * seg + code + ((c * 32) / m.down.group) * 4;
+        w_of[u] = __shfl_sync(0xffffffffu, my_w, j);
+        st_of[u] = xq_steps(smem, pairs)[q], sum_of[u] = xq_sums(smem, pairs)[q];
+    }
+    for (int i = 0; i < nr; i++) {
+        if (i + S - 1 < nr) issue(i + S - 1);
+        cp_async_commit();
+        cp_async_wait<S - 1>();
+        __syncwarp();
+        const char* s = ring + (i % S) * row_bytes;
+        float total = 0;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (lane + 32 * u >= pairs) break;
+            xq_chunk xc;
+            load_xq_codes(xc, smem, pairs, lane + 32 * u);
+            xc.s = st_of[u];
+            const uint32_t sb = *reinterpret_cast<const uint32_t*>(s + sb_of[u]);
+            const float d = chunk_dot_xq(*reinterpret_cast<const uint4*>(s + seg_of[u]), xc);
+            total += w_of[u] * (sb_scale(sb) * d + sb_bias(sb) * sum_of[u]);
+        }
+        total = warp_sum(total);
+        if (lane == 0) x[t * ldx + gw + i * NW] += total;
+        __syncwarp();
+    }
+}
+
 // down on tensor cores (v6; like gate/up v6, correct but slower than v5: 14.5 vs 10.6 us per launch at one
 // token, so off by default): a ring slot holds the same 16 output rows of all k+1
 // slots' down matrices (padded); the token's k+1 activation rows are staged as permuted fp16 (times 1/16, the
@@ -840,6 +917,14 @@ void launch_down_mma(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, c
     CUDA_CHECK_LAUNCH();
 }
 
+bool down_warp_fits(const dmoe& m) {
+    const int ns = m.k + 1;
+    return m.F % 32 == 0 && m.F / 32 * ns <= 32 * 5 && down_seg_bytes(m.down) % 16 == 0 &&
+           (size_t)align16(xq_stage_bytes(ns * m.F / 32)) +
+                   (size_t)(k_stream_threads / 32) * k_dn_warp_slots * ns * down_seg_bytes(m.down) <=
+               stream_smem_limit();
+}
+
 void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
               const float* h, int T, float h_f16_scale, cudaStream_t stream) {
     const dfmt f = m.down.fmt;
@@ -853,6 +938,15 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
     const int64_t h_ld = std::max(m.F, m.Fs);
     const int ns = m.k + 1;
     const bool xq = f == dfmt::q4 && h_f16_scale != 0.0f && decode_int8_inputs();  // fast mode: h as int8 (xq.cuh)
+    if (xq && down_warp_fits(m)) {
+        const size_t smem = (size_t)align16(xq_stage_bytes(ns * m.F / 32)) +
+                            (size_t)(k_stream_threads / 32) * k_dn_warp_slots * ns * down_seg_bytes(m.down);
+        allow_dynamic_smem<down_warp_kernel>(stream_smem_limit());
+        launch_pdl(down_warp_kernel, dim3((unsigned)std::max(1, sm_count() / T), (unsigned)T), dim3(k_stream_threads),
+                   smem, stream, x, ldx, m, idx, wt, sig, h, h_ld);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     const int64_t bx = std::max(1, sm_count() / T);
     const int CH = chunk_of(f);
     const size_t h_bytes = (size_t)align16(xq ? xq_stage_bytes(ns * m.F / 32) : ns * (m.F / CH) * (CH + 4) * 4);
