@@ -13,9 +13,11 @@
 //     Compute, one launch): down 12.4 -> 10.6 us; gate/up unchanged at ~18.5 us (the top-k round trip before
 //     the routed experts' loads stays on its critical path).
 // v7 (after the tensor-core v6 below): fast mode takes x and h as two-level int8 (xq.cuh) into dp4a dot products.
-// v8: gate/up in fast mode streams per warp (gate_up_warp_kernel): each warp its own rows and ring, no tile
-//     barriers, the top-k in every warp. H200: 2K 546.7 -> 549.2 tok/s, 128K 399.2 -> 400.8, batch 4 920 -> 963.
-//     (Even per-block shares through the block ring instead, 4 tiles per block: 546 -> 494, more serial rounds.)
+// v8: in fast mode gate/up and down stream per warp (gate_up_warp_kernel, down_warp_kernel): each warp its own
+//     rows and ring, no tile barriers, routing read (top-k) in every warp; the block-ring kernels (v5) keep the
+//     other cases. H200: gate/up 2K 546.7 -> 549.2 tok/s, 128K 399.2 -> 400.8, batch 4 920 -> 963; down 2K
+//     556.7 -> 561.8, 128K 405.5 -> 408.0, batch 4 959 -> 981. (Even per-block shares through the block ring
+//     instead, 4 tiles per block: 546 -> 494, more serial consume rounds.)
 #include <algorithm>
 #include <climits>
 
@@ -481,7 +483,7 @@ int64_t down_slot_bytes(const dmat& W, int slots, int64_t rows) {
 // grid: (blocks per token, T) (v5). Tiles of output rows stream through the ring, each holding those rows of all
 // k+1 slots' down matrices; one warp per output row, whose (k+1) x (F/CH) (slot, chunk) pairs are spread over the
 // lanes; the token's activations h sit in shared memory. x[t] += sum_j w_j down_j h_j. Requires F == Fs.
-template <dfmt F, bool XQ>
+template <dfmt F>
 __global__ void __launch_bounds__(k_stream_threads)
     down_stream_kernel(float* x, int64_t ldx, const dmoe m, const int32_t* idx, const float* wt, const float* sig,
                        const float* h, int64_t h_ld, float h_f16_scale, int tr, int64_t slot_bytes) {
@@ -493,9 +495,8 @@ __global__ void __launch_bounds__(k_stream_threads)
     const int t = blockIdx.y, ns = m.k + 1;
     const int64_t cpr = m.F / CH, rw = m.down.row_words(), ng = m.down.n_groups();
     const int64_t code_bytes = align16((int64_t)tr * rw * 4), seg_bytes = code_bytes + align16((int64_t)tr * ng * 4);
-    // the token's (k+1) x F activations: chunk-padded as in stage_x, or as two-level int8 (xq.cuh)
-    float* s_h = reinterpret_cast<float*>(smem);
-    char* slots = smem + align16(XQ ? xq_stage_bytes(ns * cpr) : ns * cpr * (CH + 4) * 4);
+    float* s_h = reinterpret_cast<float*>(smem);  // the token's (k+1) x F activations, chunk-padded as in stage_x
+    char* slots = smem + align16(ns * cpr * (CH + 4) * 4);
     const int n = block_tiles((m.D + tr - 1) / tr);
     auto rows_of = [&](int j, int64_t& r0) { return block_tile_rows(j, tr, m.D, r0); };
     auto issue = [&](int j) {
@@ -519,8 +520,7 @@ __global__ void __launch_bounds__(k_stream_threads)
     }
     __syncthreads();
     ring_start<k_ring_down>(n, 0, issue);
-    if constexpr (XQ) stage_xq(smem, nullptr, h + (int64_t)t * ns * h_ld, nullptr, ns * m.F);  // h_ld == F
-    for (int e = 4 * threadIdx.x, iF = (int)m.F; !XQ && e < ns * iF; e += 4 * blockDim.x) {
+    for (int e = 4 * threadIdx.x, iF = (int)m.F; e < ns * iF; e += 4 * blockDim.x) {
         const int j = e / iF, f = e - j * iF;
         float4 v = *reinterpret_cast<const float4*>(h + ((int64_t)t * ns + j) * h_ld + f);
         if (h_f16_scale != 0.0f) {
@@ -539,8 +539,7 @@ __global__ void __launch_bounds__(k_stream_threads)
     constexpr int U = 5;
     struct pair_ref {
         int seg, code, sb, xo;  // byte offsets of the slot's segment and of the chunk in a row; sb word; s_h offset
-                                // (fp32) or chunk (XQ)
-        float sx, w, st;        // the input chunk's sum; the slot's weight; its step (XQ)
+        float sx, w;            // the input chunk's sum; the slot's weight
     };
     const int pairs = ns * (int)cpr, icpr = (int)cpr;
     auto make_refs = [&](int q0, pair_ref(&pr)[U]) {
@@ -548,15 +547,10 @@ __global__ void __launch_bounds__(k_stream_threads)
         for (int u = 0; u < U; u++) {
             const int q = min(q0 + 32 * u, pairs - 1), slot = q / icpr, c = q - slot * icpr;
             pr[u].seg = slot * (int)seg_bytes, pr[u].code = c * 16, pr[u].sb = AFFINE ? (c * CH) / m.down.group : 0;
-            pr[u].w = s_w[slot];
-            if constexpr (XQ) {
-                pr[u].xo = q, pr[u].sx = xq_sums(smem, pairs)[q], pr[u].st = xq_steps(smem, pairs)[q];
-            } else {
-                pr[u].xo = (slot * icpr + c) * (CH + 4);
-                float xv[CH];
-                chunk_load<CH>(xv, s_h + pr[u].xo);
-                pr[u].sx = chunk_sum<CH>(xv), pr[u].st = 0.0f;
-            }
+            pr[u].xo = (slot * icpr + c) * (CH + 4);
+            float xv[CH];
+            chunk_load<CH>(xv, s_h + pr[u].xo);
+            pr[u].sx = chunk_sum<CH>(xv), pr[u].w = s_w[slot];
         }
     };
     const bool one_round = pairs <= 32 * U;
@@ -588,16 +582,9 @@ __global__ void __launch_bounds__(k_stream_threads)
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     if (q0 + 32 * u >= pairs) break;
-                    if constexpr (XQ) {
-                        xq_chunk xc;
-                        load_xq_codes(xc, smem, pairs, pr[u].xo);
-                        xc.s = pr[u].st;
-                        total += pr[u].w * affine_or_dense<F>(chunk_dot_xq(w[u], xc), sb[u], pr[u].sx);
-                    } else {
-                        float xv[CH];
-                        chunk_load<CH>(xv, s_h + pr[u].xo);
-                        total += pr[u].w * affine_or_dense<F>(w[u], sb[u], xv, pr[u].sx);
-                    }
+                    float xv[CH];
+                    chunk_load<CH>(xv, s_h + pr[u].xo);
+                    total += pr[u].w * affine_or_dense<F>(w[u], sb[u], xv, pr[u].sx);
                 }
             }
             total = warp_sum(total);
@@ -880,11 +867,11 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
     CUDA_CHECK_LAUNCH();
 }
 
-template <dfmt F, bool XQ = false>
+template <dfmt F>
 void launch_down(dim3 grid, const stream_plan& pl, cudaStream_t stream, float* x, int64_t ldx, const dmoe& m,
                  const int32_t* idx, const float* wt, const float* sig, const float* h, int64_t h_ld, float h_f16_scale) {
-    allow_dynamic_smem<down_stream_kernel<F, XQ>>(stream_smem_limit());
-    launch_pdl(down_stream_kernel<F, XQ>, grid, dim3(k_stream_threads), pl.smem, stream, x, ldx, m, idx,
+    allow_dynamic_smem<down_stream_kernel<F>>(stream_smem_limit());
+    launch_pdl(down_stream_kernel<F>, grid, dim3(k_stream_threads), pl.smem, stream, x, ldx, m, idx,
                wt, sig, h, h_ld, h_f16_scale, pl.rows_per_tile, pl.slot_bytes);
 }
 
@@ -949,10 +936,9 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
     }
     const int64_t bx = std::max(1, sm_count() / T);
     const int CH = chunk_of(f);
-    const size_t h_bytes = (size_t)align16(xq ? xq_stage_bytes(ns * m.F / 32) : ns * (m.F / CH) * (CH + 4) * 4);
+    const size_t h_bytes = (size_t)align16(ns * (m.F / CH) * (CH + 4) * 4);
     const stream_plan pl = plan_stream<k_ring_down>(m.D, bx, h_bytes, k_stream_threads, [&](int64_t rows) { return down_slot_bytes(m.down, ns, rows); });
     const dim3 grid((unsigned)std::min(bx, pl.tiles), (unsigned)T);
-    if (xq) return launch_down<dfmt::q4, true>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale);
     switch (f) {
         case dfmt::q4: launch_down<dfmt::q4>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale); break;
         case dfmt::q8: launch_down<dfmt::q8>(grid, pl, stream, x, ldx, m, idx, wt, sig, h, h_ld, h_f16_scale); break;
