@@ -272,13 +272,15 @@ TEST(cuda_model, real_shape_four_layers_prefill_vs_cpu) {
 // meet both (H200, 2026-11-30: every prompt and split 100% outside the near-ties, KL <= 6e-6). Fast GEMMs (fp16
 // inputs move hidden states by ~1e-3) agree on every position but one of prompt4 (split 1: 99.23%, KL 2.5e-4),
 // which we attribute to the MoE: a small change of the hidden state can swap a token's 8th and 9th routed
-// experts and move that position's logits by O(1). Bounds: precise as the issue; fast top-1 >= 99%, KL <= 5e-4.
+// experts and move that position's logits by O(1). Bounds: precise as the issue; fast top-1 >= 99%, KL <= 1e-4.
 TEST(cuda_model, prefill_and_decode_paths_agree) {
     TANSY_REQUIRE_GPU();
-    // the prefill issue's bounds, in both modes: fast decode rounds its inputs as the fast GEMM does (measured
-    // worst: KL 3.4e-5 fast, 1.5e-5 precise)
+    // the prefill issue's bounds: top-1 100% and KL <= 1e-4 (measured worst: KL 1.5e-5 precise, 4.3e-5 fast).
+    // Fast decode's 4-bit GEMVs take int8 inputs (xq.cuh) where the fast GEMM takes fp16 ones, so a position
+    // whose best two logits are just above TIE_MARGIN can flip (H200, 2026-11-30: prompt5, split 1, one of 300
+    // positions, KL 1.4e-5): fast mode keeps the KL bound and allows 1% of positions.
     constexpr double MAX_PATH_KL = 1e-4;
-    constexpr double MIN_PATH_TOP1 = 1.0;
+    constexpr double MIN_PATH_TOP1 = 1.0, MIN_PATH_TOP1_FAST = 0.99;
     const std::string dir = test::fixture("tiny-qwen35moe-mlx4"), refp = test::fixture("tiny-reference.safetensors");
     test::golden ref(refp);
     for (bool precise : {true, false}) {
@@ -289,7 +291,8 @@ TEST(cuda_model, prefill_and_decode_paths_agree) {
             auto one = test::prefill_then_decode(g, ids, ids.size());
             for (size_t split : {(size_t)1, ids.size() / 2}) {
                 agreement_report r = compare(one, test::prefill_then_decode(g, ids, split), g.cfg().vocab, TIE_MARGIN);
-                EXPECT_GE(r.top1, MIN_PATH_TOP1) << p << " split " << split << (precise ? " precise" : " fast");
+                EXPECT_GE(r.top1, precise ? MIN_PATH_TOP1 : MIN_PATH_TOP1_FAST)
+                    << p << " split " << split << (precise ? " precise" : " fast");
                 EXPECT_LE(r.mean_kl, MAX_PATH_KL) << p << " split " << split << (precise ? " precise" : " fast");
                 printf("[ paths %s %s (%zu ids) split %zu ] top-1 %.4f (raw %.4f, %lld ties) KL %.2e\n",
                        precise ? "precise" : "fast", p.c_str(), ids.size(), split, r.top1, r.top1_raw, (long long)r.ties,
