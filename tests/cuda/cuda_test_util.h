@@ -17,25 +17,20 @@
 
 namespace tansy::test {
 
-// Runs a test body with the given decode kernel families on tensor cores (cuda::mma_family bits), restoring
-// the previous set after: tests cover both forms whatever the default.
-struct mma_families_scope {
-    explicit mma_families_scope(unsigned families) : prev(cuda::set_decode_mma_families(families)) {}
-    ~mma_families_scope() { cuda::set_decode_mma_families(prev); }
-    mma_families_scope(const mma_families_scope&) = delete;
-    mma_families_scope& operator=(const mma_families_scope&) = delete;
-    unsigned prev;
+// Runs a test body with a process-wide decode setting changed (Set returns the previous value), restoring it
+// after: tests cover every form whatever the default.
+template <class T, T (*Set)(T)>
+struct setting_scope {
+    explicit setting_scope(T v) : prev(Set(v)) {}
+    ~setting_scope() { Set(prev); }
+    setting_scope(const setting_scope&) = delete;
+    setting_scope& operator=(const setting_scope&) = delete;
+    T prev;
 };
-
-// Runs a test body with the one-row 4-bit decode kernels' int8 inputs on or off (cuda::set_decode_int8_inputs),
-// restoring the previous setting after.
-struct int8_inputs_scope {
-    explicit int8_inputs_scope(bool on) : prev(cuda::set_decode_int8_inputs(on)) {}
-    ~int8_inputs_scope() { cuda::set_decode_int8_inputs(prev); }
-    int8_inputs_scope(const int8_inputs_scope&) = delete;
-    int8_inputs_scope& operator=(const int8_inputs_scope&) = delete;
-    bool prev;
-};
+// decode kernel families on tensor cores (cuda::mma_family bits)
+using mma_families_scope = setting_scope<unsigned, cuda::set_decode_mma_families>;
+// the one-row 4-bit decode kernels' int8 inputs on or off
+using int8_inputs_scope = setting_scope<bool, cuda::set_decode_int8_inputs>;
 
 // The fast GEMM's kernels a test runs: mma.sync always, wgmma too where this build and device have it.
 inline std::vector<bool> gemm_wgmma_modes() {

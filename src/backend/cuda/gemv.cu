@@ -291,19 +291,10 @@ __global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_
         cp_async_commit();
     }
     pdl_wait();
-    __shared__ float red[32];
-    stage_xq(smem, red, p.x, p.norm_w, K);
-    __syncthreads();
-    const float scale = p.norm_w ? xq_inv_rms(red, K, p.eps) : 1.0f;
     xq_chunk xc[CPL];
-    int gi[CPL];  // lane's scale/bias word in a row, per chunk
-#pragma unroll
-    for (int c = 0; c < CPL; c++) xc[c] = load_xq(smem, K / 32, lane + 32 * c, scale), gi[c] = ((lane + 32 * c) * 32) / p.W.group;
-    for (int i = 0; i < nr; i++) {
-        if (i + S - 1 < nr) issue(i + S - 1);  // into the slot row i-1 used (freed by the __syncwarp below)
-        cp_async_commit();
-        cp_async_wait<S - 1>();  // row i has landed (this lane's copies)
-        __syncwarp();            // ... and the other lanes'
+    int gi[CPL];
+    stage_lane_xq(xc, gi, smem, p.x, p.norm_w, p.eps, K, p.W.group);
+    warp_ring_run<S>(nr, issue, [&](int i) {
         const char* s = ring + (i % S) * row_bytes;
         const uint4* w = reinterpret_cast<const uint4*>(s);
         const uint32_t* sb = reinterpret_cast<const uint32_t*>(s + code);
@@ -315,8 +306,7 @@ __global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_
         }
         acc = warp_sum(acc);
         if (lane == 0) store_out(p, gw + i * NW, 0, acc);
-        __syncwarp();  // the slot is read before row i+S is issued into it
-    }
+    });
 }
 
 // Ring rows per warp: 6 where they fit (K = 2048: a projection's ~6 rows per warp all in flight), else 3.

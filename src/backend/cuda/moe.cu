@@ -365,19 +365,10 @@ __global__ void __launch_bounds__(k_stream_threads)
         if (i < nr) issue(i);
         cp_async_commit();
     }
-    __shared__ float red[32];
-    stage_xq(smem, red, x + t * ldx, norm_w, m.D);
-    __syncthreads();
-    const float scale = norm_w ? xq_inv_rms(red, m.D, eps) : 1.0f;
     xq_chunk xc[CPL];
-    int gi[CPL];  // lane's scale/bias word in a row, per chunk
-#pragma unroll
-    for (int c = 0; c < CPL; c++) xc[c] = load_xq(smem, m.D / 32, lane + 32 * c, scale), gi[c] = ((lane + 32 * c) * 32) / m.gate.group;
-    for (int i = 0; i < nr; i++) {
-        if (i + S - 1 < nr) issue(i + S - 1);  // into the slot row i-1 used (freed by the __syncwarp below)
-        cp_async_commit();
-        cp_async_wait<S - 1>();  // row i has landed (this lane's copies)
-        __syncwarp();            // ... and the other lanes'
+    int gi[CPL];
+    stage_lane_xq(xc, gi, smem, x + t * ldx, norm_w, eps, m.D, m.gate.group);
+    warp_ring_run<S>(nr, issue, [&](int i) {
         const char* s = ring + (i % S) * row_bytes;
         const uint4* wg = reinterpret_cast<const uint4*>(s);
         const uint4* wu = reinterpret_cast<const uint4*>(s + code);
@@ -393,8 +384,7 @@ __global__ void __launch_bounds__(k_stream_threads)
         const int64_t v = gw + i * NW;
         const int q = (int)(v / m.F), slot = q == 0 ? m.k : q - 1;  // h's slot order: the k experts, then the shared one
         if (lane == 0) h[((int64_t)t * (m.k + 1) + slot) * h_ld + (v - q * m.F)] = siluf_(g) * u;
-        __syncwarp();  // the slot is read before row i+S is issued into it
-    }
+    });
 }
 
 // gate/up on tensor cores (v6): as gate_up_stream_kernel, but the dot products go through mma_dot.cuh (the
@@ -647,11 +637,7 @@ __global__ void __launch_bounds__(k_stream_threads)
         w_of[u] = __shfl_sync(0xffffffffu, my_w, j);
         st_of[u] = xq_steps(smem, pairs)[q], sum_of[u] = xq_sums(smem, pairs)[q];
     }
-    for (int i = 0; i < nr; i++) {
-        if (i + S - 1 < nr) issue(i + S - 1);
-        cp_async_commit();
-        cp_async_wait<S - 1>();
-        __syncwarp();
+    warp_ring_run<S>(nr, issue, [&](int i) {
         const char* s = ring + (i % S) * row_bytes;
         float total = 0;
 #pragma unroll
@@ -666,8 +652,7 @@ __global__ void __launch_bounds__(k_stream_threads)
         }
         total = warp_sum(total);
         if (lane == 0) x[t * ldx + gw + i * NW] += total;
-        __syncwarp();
-    }
+    });
 }
 
 // down on tensor cores (v6; like gate/up v6, correct but slower than v5: 14.5 vs 10.6 us per launch at one

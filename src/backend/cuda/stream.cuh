@@ -60,6 +60,21 @@ __device__ __forceinline__ void ring_run(int n, Issue&& issue, Consume&& consume
     }
 }
 
+// The per-warp form of ring_run (gemv_warp_kernel, gate_up_warp_kernel, down_warp_kernel): a warp's rows 0..n-1
+// through its own S slots, rows 0..S-2 issued beforehand, one commit group each (empty ones where rows run
+// out). The warp waits only for its own rows: cp.async groups and __syncwarp, no block barrier.
+template <int S, class Issue, class Consume>
+__device__ __forceinline__ void warp_ring_run(int n, Issue&& issue, Consume&& consume) {
+    for (int i = 0; i < n; i++) {
+        if (i + S - 1 < n) issue(i + S - 1);  // into the slot row i-1 used (freed by the __syncwarp below)
+        cp_async_commit();
+        cp_async_wait<S - 1>();  // row i has landed (this lane's copies)
+        __syncwarp();            // ... and the other lanes'
+        consume(i);
+        __syncwarp();  // the slot is read before row i+S is issued into it
+    }
+}
+
 // Tiles of the block when tiles t = blockIdx.x + j * gridDim.x (j = 0, 1, ...) of `total` are its own.
 __device__ __forceinline__ int block_tiles(int64_t total) {
     return total > blockIdx.x ? (int)((total - blockIdx.x + gridDim.x - 1) / gridDim.x) : 0;
