@@ -309,8 +309,10 @@ __global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_
     });
 }
 
-// Ring rows per warp: 6 where they fit (K = 2048: a projection's ~6 rows per warp all in flight), else 3.
+// Ring rows per warp: 6 where they fit (K = 2048: a projection's ~6 rows per warp all in flight), else 3; 0 where
+// the kernel does not apply (a row's scale/bias words must be whole 16-byte copies).
 int gemv_warp_slots(const gemv_params& p) {
+    if ((p.W.n_groups() * 4) % 16 != 0) return 0;
     const int64_t rb = gemv_row_bytes(p.W);
     for (int s : {6, 3})
         if ((size_t)align16(xq_stage_bytes(p.W.cols / 32)) + (size_t)(k_stream_threads / 32) * s * rb <= stream_smem_limit() &&
