@@ -173,6 +173,18 @@ __device__ __forceinline__ float round_f16(float v) {
     return __half2float(__ushort_as_half((unsigned short)(r & 0xFFFFu)));
 }
 
+// The RMS norm's reduction when its sum of squares is taken inside another pass over the row (stage_x,
+// stage_xq): each warp's part goes to red[warp] (32 floats); after a barrier every thread gets 1/rms of the K
+// values from the parts.
+__device__ __forceinline__ void put_warp_part(float* red, float v) {
+    v = warp_sum(v);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+}
+__device__ __forceinline__ float inv_rms_of_parts(const float* red, int64_t K, float eps) {
+    const int lane = threadIdx.x % 32;
+    return rsqrtf(warp_sum(lane < (int)(blockDim.x / 32) ? red[lane] : 0.0f) / (float)K + eps);
+}
+
 // Loads one input row of K floats into registers the way the "x-stationary" kernels want it: lane l gets chunks
 // l, l+32, ... (CH floats each, optionally RMS-normalised with weights nw), plus each chunk's sum. note: read
 // straight from global memory, lane l's chunk sits 32*CH*4 bytes from its neighbour's, so every load touched 32
@@ -195,14 +207,10 @@ __device__ __forceinline__ void stage_x(float (&xv)[CPL][CH], float (&sx)[CPL], 
         }
         *reinterpret_cast<float4*>(smem + (k / CH) * (CH + 4) + k % CH) = v;
     }
-    const int lane = threadIdx.x % 32;
-    if (nw) {
-        ss = warp_sum(ss);
-        if (lane == 0) red[threadIdx.x / 32] = ss;
-    }
+    if (nw) put_warp_part(red, ss);
     __syncthreads();
-    float inv = 1.0f;
-    if (nw) inv = rsqrtf(warp_sum(lane < (int)(blockDim.x / 32) ? red[lane] : 0.0f) / (float)K + eps);
+    const float inv = nw ? inv_rms_of_parts(red, K, eps) : 1.0f;
+    const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int i = 0; i < CPL; i++) {
         const float* src = smem + (int64_t)(lane + 32 * i) * (CH + 4);

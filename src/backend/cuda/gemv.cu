@@ -286,10 +286,7 @@ __global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_
         warp_copy_async(s + code, p.W.sb + row * ng, (int)(ng * 4));
     };
     pdl_trigger();
-    for (int i = 0; i < S - 1; i++) {
-        if (i < nr) issue(i);
-        cp_async_commit();
-    }
+    ring_start<S>(nr, 0, issue);
     pdl_wait();
     xq_chunk xc[CPL];
     int gi[CPL];
@@ -315,7 +312,7 @@ int gemv_warp_slots(const gemv_params& p) {
     if ((p.W.n_groups() * 4) % 16 != 0) return 0;
     const int64_t rb = gemv_row_bytes(p.W);
     for (int s : {6, 3})
-        if ((size_t)align16(xq_stage_bytes(p.W.cols / 32)) + (size_t)(k_stream_threads / 32) * s * rb <= stream_smem_limit() &&
+        if (warp_ring_smem(xq_stage_bytes(p.W.cols / 32), s, rb) <= stream_smem_limit() &&
             (size_t)(k_stream_threads / 32) * s * rb <= 120 * 1024)
             return s;
     return 0;
@@ -323,17 +320,18 @@ int gemv_warp_slots(const gemv_params& p) {
 
 template <int CPL, int S>
 void launch_warp_as(const gemv_params& p, cudaStream_t stream) {
-    const size_t smem = (size_t)align16(xq_stage_bytes(p.W.cols / 32)) + (size_t)(k_stream_threads / 32) * S * gemv_row_bytes(p.W);
+    const size_t smem = warp_ring_smem(xq_stage_bytes(p.W.cols / 32), S, gemv_row_bytes(p.W));
     allow_dynamic_smem<gemv_warp_kernel<CPL, S>>(stream_smem_limit());
     const int64_t blocks = std::min<int64_t>(sm_count(), (p.W.rows + k_stream_threads / 32 - 1) / (k_stream_threads / 32));
     launch_pdl(gemv_warp_kernel<CPL, S>, dim3((unsigned)blocks), dim3(k_stream_threads), smem, stream, p);
 }
 
 template <int CPL>
-void launch_warp(const gemv_params& p, cudaStream_t stream) {
-    if (gemv_warp_slots(p) == 6) launch_warp_as<CPL, 6>(p, stream);
+void launch_warp(const gemv_params& p, int slots, cudaStream_t stream) {
+    if (slots == 6) launch_warp_as<CPL, 6>(p, stream);
     else launch_warp_as<CPL, 3>(p, stream);
 }
+
 
 // ---- 4-bit weights on tensor cores (v5): mma_dot.cuh does the dot products for 1..16 input rows; the weight
 // tiles stream through the ring as in v4 (rows padded in shared memory), the K units of a tile's 16-row blocks
@@ -492,6 +490,13 @@ int xs_chunks_per_lane(int64_t n_chunks) {
     return cpl * chunk_values<F>() <= 128 ? (int)cpl : 0;
 }
 
+// The per-warp ring's rows per warp where gemv(p) takes int8 inputs (gemv_int8_inputs), else 0.
+int int8_warp_slots(const gemv_params& p) {
+    const bool int8 = decode_int8_inputs() && p.f16_inputs && p.W.fmt == dfmt::q4 && p.T == 1 && !mma_gemv_supports(p) &&
+                      xs_chunks_per_lane<dfmt::q4>(p.W.cols / 32) != 0;
+    return int8 ? gemv_warp_slots(p) : 0;
+}
+
 template <dfmt F, int R, int TB>
 void launch_rt(const gemv_params& p, int L, cudaStream_t stream) {
     const int64_t per_block = (int64_t)k_warps * (32 / L) * R;
@@ -511,12 +516,12 @@ void launch(const gemv_params& p, cudaStream_t stream) {
     }
     if (p.T == 1) {
         bool done = true;
-        if (gemv_int8_inputs(p)) {
+        if (const int slots = int8_warp_slots(p)) {
             if constexpr (F == dfmt::q4) {
                 switch (xs_chunks_per_lane<F>(n_chunks)) {
-                    case 1: launch_warp<1>(p, stream); break;
-                    case 2: launch_warp<2>(p, stream); break;
-                    case 4: launch_warp<4>(p, stream); break;
+                    case 1: launch_warp<1>(p, slots, stream); break;
+                    case 2: launch_warp<2>(p, slots, stream); break;
+                    case 4: launch_warp<4>(p, slots, stream); break;
                     default: TANSY_CHECK(false, "gemv: no int8-input kernel for %lld chunks", (long long)n_chunks);
                 }
             }
@@ -596,10 +601,7 @@ std::atomic<bool>& int8_inputs_enabled() {
 bool decode_int8_inputs() { return int8_inputs_enabled().load(std::memory_order_relaxed); }
 bool set_decode_int8_inputs(bool on) { return int8_inputs_enabled().exchange(on); }
 
-bool gemv_int8_inputs(const gemv_params& p) {
-    return decode_int8_inputs() && p.f16_inputs && p.W.fmt == dfmt::q4 && p.T == 1 && !mma_gemv_supports(p) &&
-           xs_chunks_per_lane<dfmt::q4>(p.W.cols / 32) != 0 && gemv_warp_slots(p) != 0;
-}
+bool gemv_int8_inputs(const gemv_params& p) { return int8_warp_slots(p) != 0; }
 
 unsigned decode_mma_families() { return mma_families().load(std::memory_order_relaxed); }
 unsigned set_decode_mma_families(unsigned families) { return mma_families().exchange(families & mma_all); }

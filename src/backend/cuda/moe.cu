@@ -343,9 +343,8 @@ __global__ void __launch_bounds__(k_stream_threads)
         char* s = ring + (i % S) * row_bytes;
         warp_copy_async(s, G.w + row * rw, (int)code);
         warp_copy_async(s + code, U.w + row * rw, (int)code);
-        if (lane < sbb / 16) cp_async16(s + 2 * code + 16 * lane, reinterpret_cast<const char*>(G.sb + row * ng) + 16 * lane);
-        else if (lane < sbb / 8) cp_async16(s + 2 * code + sbb + 16 * (lane - sbb / 16),
-                                            reinterpret_cast<const char*>(U.sb + row * ng) + 16 * (lane - sbb / 16));
+        warp_copy_async(s + 2 * code, G.sb + row * ng, (int)sbb);
+        warp_copy_async(s + 2 * code + sbb, U.sb + row * ng, (int)sbb);
     };
     pdl_trigger();
     // the shared expert's rows come first in the warp's order: those of the first S-1 stream before the wait
@@ -361,10 +360,7 @@ __global__ void __launch_bounds__(k_stream_threads)
             if (j < m.k && lane == j) my_id = chosen[j];
         if (blockIdx.x == 0 && warp == 0 && lane == 0) store_route(route, t, m.E, m.k, chosen, wt);
     }
-    for (int i = pre; i < S - 1; i++) {
-        if (i < nr) issue(i);
-        cp_async_commit();
-    }
+    ring_start<S>(nr, pre, issue);
     xq_chunk xc[CPL];
     int gi[CPL];
     stage_lane_xq(xc, gi, smem, x + t * ldx, norm_w, eps, m.D, m.gate.group);
@@ -614,17 +610,11 @@ __global__ void __launch_bounds__(k_stream_threads)
         for (int j = 0; j < ns; j++) {
             const int64_t row = (j == m.k ? 0 : __shfl_sync(0xffffffffu, my_row0, j)) + r;
             const dmat& Wd = j == m.k ? m.s_down : m.down;
-            for (int o = 16 * lane; o < seg; o += 16 * 32) {
-                const char* src = o < code ? reinterpret_cast<const char*>(Wd.w + row * rw) + o
-                                           : reinterpret_cast<const char*>(Wd.sb + row * ng) + (o - code);
-                cp_async16(s + j * seg + o, src);
-            }
+            warp_copy_async(s + j * seg, Wd.w + row * rw, code);
+            warp_copy_async(s + j * seg + code, Wd.sb + row * ng, seg - code);
         }
     };
-    for (int i = 0; i < S - 1; i++) {
-        if (i < nr) issue(i);
-        cp_async_commit();
-    }
+    ring_start<S>(nr, 0, issue);
     stage_xq(smem, nullptr, h + (int64_t)t * ns * h_ld, nullptr, ns * m.F);  // h_ld == F
     __syncthreads();
     // this lane's (slot, chunk) pairs: q = lane + 32 u
@@ -769,19 +759,18 @@ void launch_gate_up_stream(float* h, const dmoe& m, const moe_routing& r, const 
     CUDA_CHECK_LAUNCH();
 }
 
+size_t gate_up_warp_smem(const dmoe& m) { return warp_ring_smem(xq_stage_bytes(m.D / 32), k_gu_warp_slots, gate_up_row_bytes(m.gate)); }
+
 bool gate_up_warp_fits(const dmoe& m) {
-    const int64_t sbb = m.gate.n_groups() * 4;
-    return m.F == m.Fs && sbb % 16 == 0 && sbb / 8 <= 32 && (m.gate.row_words() * 4) % 16 == 0 &&
-           (size_t)align16(xq_stage_bytes(m.D / 32)) + (size_t)(k_stream_threads / 32) * k_gu_warp_slots * gate_up_row_bytes(m.gate) <=
-               stream_smem_limit();
+    return m.F == m.Fs && (m.gate.n_groups() * 4) % 16 == 0 && (m.gate.row_words() * 4) % 16 == 0 &&
+           gate_up_warp_smem(m) <= stream_smem_limit();
 }
 
 template <int CPL>
 void launch_gate_up_warp(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
                          const float* norm_w, float eps, cudaStream_t stream) {
     const int64_t bx = std::max(1, sm_count() / T);
-    const size_t smem = (size_t)align16(xq_stage_bytes(m.D / 32)) +
-                        (size_t)(k_stream_threads / 32) * k_gu_warp_slots * gate_up_row_bytes(m.gate);
+    const size_t smem = gate_up_warp_smem(m);
     allow_dynamic_smem<gate_up_warp_kernel<CPL>>(stream_smem_limit());
     launch_pdl(gate_up_warp_kernel<CPL>, dim3((unsigned)bx, (unsigned)T), dim3(k_stream_threads), smem, stream, h, m, r,
                x, ldx, norm_w, eps, std::max(m.F, m.Fs));
@@ -889,12 +878,14 @@ void launch_down_mma(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, c
     CUDA_CHECK_LAUNCH();
 }
 
-bool down_warp_fits(const dmoe& m) {
+size_t down_warp_smem(const dmoe& m) {
     const int ns = m.k + 1;
-    return m.F % 32 == 0 && m.F / 32 * ns <= 32 * 5 && down_seg_bytes(m.down) % 16 == 0 &&
-           (size_t)align16(xq_stage_bytes(ns * m.F / 32)) +
-                   (size_t)(k_stream_threads / 32) * k_dn_warp_slots * ns * down_seg_bytes(m.down) <=
-               stream_smem_limit();
+    return warp_ring_smem(xq_stage_bytes(ns * m.F / 32), k_dn_warp_slots, ns * down_seg_bytes(m.down));
+}
+
+bool down_warp_fits(const dmoe& m) {
+    return m.F % 32 == 0 && m.F / 32 * (m.k + 1) <= 32 * 5 && down_seg_bytes(m.down) % 16 == 0 &&
+           down_warp_smem(m) <= stream_smem_limit();
 }
 
 void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
@@ -911,11 +902,9 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
     const int ns = m.k + 1;
     const bool xq = f == dfmt::q4 && h_f16_scale != 0.0f && decode_int8_inputs();  // fast mode: h as int8 (xq.cuh)
     if (xq && down_warp_fits(m)) {
-        const size_t smem = (size_t)align16(xq_stage_bytes(ns * m.F / 32)) +
-                            (size_t)(k_stream_threads / 32) * k_dn_warp_slots * ns * down_seg_bytes(m.down);
         allow_dynamic_smem<down_warp_kernel>(stream_smem_limit());
         launch_pdl(down_warp_kernel, dim3((unsigned)std::max(1, sm_count() / T), (unsigned)T), dim3(k_stream_threads),
-                   smem, stream, x, ldx, m, idx, wt, sig, h, h_ld);
+                   down_warp_smem(m), stream, x, ldx, m, idx, wt, sig, h, h_ld);
         CUDA_CHECK_LAUNCH();
         return;
     }

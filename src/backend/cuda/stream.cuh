@@ -33,7 +33,7 @@ __device__ __forceinline__ void block_copy_async(void* dst, const void* src, int
 }
 
 // Copies `bytes` (a multiple of 16, both ends 16-byte aligned) with the 32 lanes of a warp, 16 bytes per cp.async
-// (the per-warp rings of gate_up_warp_kernel and gemv_warp_kernel).
+// (the per-warp rings of gemv_warp_kernel, gate_up_warp_kernel and down_warp_kernel).
 __device__ __forceinline__ void warp_copy_async(void* dst, const void* src, int bytes) {
     for (int i = 16 * (int)(threadIdx.x % 32); i < bytes; i += 16 * 32)
         cp_async16(static_cast<char*>(dst) + i, static_cast<const char*>(src) + i);
@@ -61,8 +61,8 @@ __device__ __forceinline__ void ring_run(int n, Issue&& issue, Consume&& consume
 }
 
 // The per-warp form of ring_run (gemv_warp_kernel, gate_up_warp_kernel, down_warp_kernel): a warp's rows 0..n-1
-// through its own S slots, rows 0..S-2 issued beforehand, one commit group each (empty ones where rows run
-// out). The warp waits only for its own rows: cp.async groups and __syncwarp, no block barrier.
+// through its own S slots, rows 0..S-2 issued beforehand by ring_start, one commit group each (empty ones where
+// rows run out). The warp waits only for its own rows: cp.async groups and __syncwarp, no block barrier.
 template <int S, class Issue, class Consume>
 __device__ __forceinline__ void warp_ring_run(int n, Issue&& issue, Consume&& consume) {
     for (int i = 0; i < n; i++) {
@@ -98,6 +98,11 @@ struct stream_plan {
     int64_t tiles = 0;
     size_t smem = 0;  // dynamic shared memory: fixed part + S slots
 };
+
+// Dynamic shared memory of a per-warp-ring kernel (k_stream_threads): the staged input, then each warp's S slots.
+inline size_t warp_ring_smem(int64_t stage_bytes, int slots, int64_t slot_bytes) {
+    return (size_t)align16(stage_bytes) + (size_t)(k_stream_threads / 32) * (size_t)slots * (size_t)slot_bytes;
+}
 
 // Dynamic shared memory a streamed kernel may use: the device's opt-in limit less room for the kernels' static
 // shared memory (the norm prologue's 2 KB and a few words).

@@ -39,7 +39,7 @@ __device__ __forceinline__ uint32_t xq_pack4(float a, float b, float c, float d)
 
 // Block-wide: stages the K values x_i * nw_i (x_i when nw is null; K % 32 == 0, x and nw 16-byte aligned) as
 // above, each thread taking 8 consecutive values (one word of codes). With nw, each warp's part of sum_i x_i^2
-// lands in red[warp] (the RMS norm's; xq_inv_rms turns it into 1/rms after the barrier): the norm's scale is
+// lands in red[warp] (the RMS norm's; inv_rms_of_parts turns it into 1/rms after the barrier): the norm's scale is
 // left out of the staged values, so the norm and the staging are one pass over x. Ends without a barrier.
 __device__ __forceinline__ void stage_xq(char* st, float* red, const float* x, const float* nw, int64_t K) {
     const int64_t words = K / 8, nc = K / 32;
@@ -95,17 +95,7 @@ __device__ __forceinline__ void stage_xq(char* st, float* red, const float* x, c
             }
         }
     }
-    if (nw) {
-        ss = warp_sum(ss);
-        if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    }
-}
-
-// After stage_xq(nw != null) and a barrier: 1 / rms(x) from the warps' partial sums (every thread computes it).
-__device__ __forceinline__ float xq_inv_rms(const float* red, int64_t K, float eps) {
-    const int lane = threadIdx.x % 32;
-    const float v = warp_sum(lane < (int)(blockDim.x / 32) ? red[lane] : 0.0f);
-    return rsqrtf(v / (float)K + eps);
+    if (nw) put_warp_part(red, ss);
 }
 
 // The staged steps and sums of n chunks.
@@ -137,7 +127,7 @@ __device__ __forceinline__ void stage_lane_xq(xq_chunk (&xc)[CPL], int (&gi)[CPL
     __shared__ float red[32];
     stage_xq(st, red, x, nw, K);
     __syncthreads();
-    const float scale = nw ? xq_inv_rms(red, K, eps) : 1.0f;
+    const float scale = nw ? inv_rms_of_parts(red, K, eps) : 1.0f;
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int c = 0; c < CPL; c++) xc[c] = load_xq(st, K / 32, lane + 32 * c, scale), gi[c] = ((lane + 32 * c) * 32) / group;
