@@ -343,8 +343,11 @@ __global__ void __launch_bounds__(k_stream_threads)
         char* s = ring + (i % S) * row_bytes;
         warp_copy_async(s, G.w + row * rw, (int)code);
         warp_copy_async(s + code, U.w + row * rw, (int)code);
-        warp_copy_async(s + 2 * code, G.sb + row * ng, (int)sbb);
-        warp_copy_async(s + 2 * code + sbb, U.sb + row * ng, (int)sbb);
+        // both scale/bias rows in one predicated copy per lane, not two warp_copy_async loops (with down's single
+        // loop below: H200 2K decode 543 -> 559 tok/s, batch 4 936 -> 982, back to adf1ec9's figures)
+        if (lane < sbb / 16) cp_async16(s + 2 * code + 16 * lane, reinterpret_cast<const char*>(G.sb + row * ng) + 16 * lane);
+        else if (lane < sbb / 8) cp_async16(s + 2 * code + sbb + 16 * (lane - sbb / 16),
+                                            reinterpret_cast<const char*>(U.sb + row * ng) + 16 * (lane - sbb / 16));
     };
     pdl_trigger();
     // the shared expert's rows come first in the warp's order: those of the first S-1 stream before the wait
@@ -610,8 +613,11 @@ __global__ void __launch_bounds__(k_stream_threads)
         for (int j = 0; j < ns; j++) {
             const int64_t row = (j == m.k ? 0 : __shfl_sync(0xffffffffu, my_row0, j)) + r;
             const dmat& Wd = j == m.k ? m.s_down : m.down;
-            warp_copy_async(s + j * seg, Wd.w + row * rw, code);
-            warp_copy_async(s + j * seg + code, Wd.sb + row * ng, seg - code);
+            for (int o = 16 * lane; o < seg; o += 16 * 32) {  // codes then scale/bias words in one loop (see gate/up)
+                const char* src = o < code ? reinterpret_cast<const char*>(Wd.w + row * rw) + o
+                                           : reinterpret_cast<const char*>(Wd.sb + row * ng) + (o - code);
+                cp_async16(s + j * seg + o, src);
+            }
         }
     };
     ring_start<S>(nr, 0, issue);
@@ -762,7 +768,8 @@ void launch_gate_up_stream(float* h, const dmoe& m, const moe_routing& r, const 
 size_t gate_up_warp_smem(const dmoe& m) { return warp_ring_smem(xq_stage_bytes(m.D / 32), k_gu_warp_slots, gate_up_row_bytes(m.gate)); }
 
 bool gate_up_warp_fits(const dmoe& m) {
-    return m.F == m.Fs && (m.gate.n_groups() * 4) % 16 == 0 && (m.gate.row_words() * 4) % 16 == 0 &&
+    const int64_t sbb = m.gate.n_groups() * 4;  // both scale/bias rows: one 16-byte copy per lane
+    return m.F == m.Fs && sbb % 16 == 0 && sbb / 8 <= 32 && (m.gate.row_words() * 4) % 16 == 0 &&
            gate_up_warp_smem(m) <= stream_smem_limit();
 }
 
