@@ -97,6 +97,15 @@ class backend {
     // MoE(m) = sum_topk w_i expert_i(m) + sigmoid(g.m) shared(m).
     virtual void moe(const tensor& x, vec_view norm, float eps, const moe_weights& w) = 0;
 
+    // A layer's tail: the mixer's output projection into the residual stream, then the MoE block, i.e.
+    // matmul(x, o, W_out, accumulate) and moe(x, norm, eps, w). One op so that a backend can fuse them (CUDA, one
+    // decode token: the router's logits come out of the projection's epilogue and the MoE block is one kernel).
+    virtual void out_proj_moe(const tensor& x, const tensor& o, const matrix& W_out, vec_view norm, float eps,
+                              const moe_weights& w) {
+        matmul(x, o, W_out, /*accumulate=*/true);
+        moe(x, norm, eps, w);
+    }
+
     // Tests: K (after norm and RoPE) and V of cache row `pos` of full-attention layer `slot`, as the attention
     // reads them (bf16, or FP8 dequantised), kv_dim floats each.
     virtual void read_kv(const seq_state& st, int slot, int64_t pos, float* k, float* v) {

@@ -74,15 +74,14 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
             const tensor qg = rows(qg_), k = rows(k_), v = rows(v_), o = rows(attn_);
             be_.project({qg, k, v}, x, vv(l.input_norm), c.eps, {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj});
             be_.attention(o, qg, k, v, l.attn, slot_[i], spans);
-            be_.matmul(x, o, l.attn.o_proj, /*accumulate=*/true);
+            be_.out_proj_moe(x, o, l.attn.o_proj, vv(l.post_norm), c.eps, l.moe);
         } else {
             const tensor qkv = rows(qkv_), z = rows(z_), b = rows(b_), ga = rows(gate_a_), o = rows(gdn_out_);
             be_.project({qkv, z, b, ga}, x, vv(l.input_norm), c.eps,
                         {&l.gdn.in_qkv, &l.gdn.in_z, &l.gdn.in_b, &l.gdn.in_a});
             be_.gdn(o, qkv, z, b, ga, l.gdn, slot_[i], spans, gdn);
-            be_.matmul(x, o, l.gdn.out_proj, /*accumulate=*/true);
+            be_.out_proj_moe(x, o, l.gdn.out_proj, vv(l.post_norm), c.eps, l.moe);
         }
-        be_.moe(x, vv(l.post_norm), c.eps, l.moe);
         if (tap) tap("layer", (int)i, x);
     }
     be_.end_step(spans);

@@ -44,6 +44,15 @@ void check_project_moe_matmul(pair_of_backends& p, double tol) {
         }
         for (twin* t : {&qg, &k, &v}) EXPECT_LT(t->diff(p), tol) << "attention project T=" << T;
         EXPECT_LT(x.diff(p), tol) << "matmul accumulate + moe T=" << T;
+        // the layer's tail as one op (CUDA, one fast-mode row: the router tap), from both mixers' widths
+        twin y(p, T, c.hidden, 200 + T, 2.0f), ao(p, T, c.n_q_heads * c.head_dim, 300 + T);
+        for (auto* be : {p.cpu.get(), p.gpu.get()}) {
+            const bool g = be == p.gpu.get();
+            auto pick = [&](twin& t) { return g ? t.g.t() : t.c.t(); };
+            be->out_proj_moe(pick(y), pick(z), gl.gdn.out_proj, vv(gl.post_norm), c.eps, gl.moe);
+            be->out_proj_moe(pick(y), pick(ao), al.attn.o_proj, vv(al.post_norm), c.eps, al.moe);
+        }
+        EXPECT_LT(y.diff(p), tol) << "out_proj_moe T=" << T;
     }
 }
 
@@ -107,6 +116,16 @@ TEST(cuda_ops, tiny_shapes) {
 TEST(cuda_ops, real_shapes) {
     TANSY_REQUIRE_GPU();
     check_ops(real_config());
+}
+
+// The router tap at other shapes: hidden 1024 (one int8 chunk per lane), 40 experts, top-5, expert width 128; the
+// attention o_proj (K = 2048) takes the tap, the DeltaNet out_proj (K = 512) the plain GEMV and router.
+TEST(cuda_ops, router_tap_other_shapes) {
+    TANSY_REQUIRE_GPU();
+    model_config c = tiny_config();
+    c.hidden = 1024, c.expert_inter = c.shared_inter = 128, c.n_experts = 40, c.top_k = 5;
+    auto fast = make_pair(c);
+    check_project_moe_matmul(*fast, TOL_F16_INPUT_OP);
 }
 
 TEST(cuda_ops, embed_and_argmax) {

@@ -115,6 +115,8 @@ class cuda_backend final : public backend {
         ws_tiles_.epoch = ws_y_.epoch = ws_gdn_work_.epoch = &epoch_;
         ws_a16_.epoch = ws_m16_.epoch = ws_h16_.epoch = &epoch_;
         rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
+        tap_ = device_buffer((size_t)(cfg.n_experts + 1) * 8);
+        CUDA_CHECK(cudaMemset(tap_.get(), 0, tap_.size()));
         inv_freq_ = device_buffer(inv.size() * sizeof(double));
         inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
     }
@@ -318,6 +320,35 @@ class cuda_backend final : public backend {
         moe_down(f32(x), x.cols, md.m, idx, wt, sig, h, T, precise_gemm_ ? 0.0f : k_down_a_scale, stream_);
     }
 
+    // One decode token in fast mode: the output projection's GEMV also sums the router's logits (gemv's router
+    // tap), and gate/up takes its routing from them: the router GEMV's launch leaves the chain.
+    void out_proj_moe(const tensor& x, const tensor& o, const matrix& W_out, vec_view norm, float eps,
+                      const moe_weights& w) override {
+        const device_weights::moe_dev& md = weights_.moe(w);
+        const int E = (int)cfg_.n_experts, k = (int)cfg_.top_k;
+        if (x.rows == 1 && !precise_gemm_ && md.router.parts.size() == 1 && md.router.parts[0].W.rows == E + 1 &&
+            moe_tap_supports(md.m)) {
+            TANSY_CHECK(o.cols == W_out.cols && x.cols == W_out.rows && o.rows == 1, "out_proj_moe %s shapes",
+                        W_out.name.c_str());
+            gemv_params p;
+            p.W = weights_.mat(W_out);
+            p.x = f32(o), p.ldx = o.cols, p.T = 1, p.f16_inputs = true;
+            p.seg[0] = {f32(x), x.cols, 0}, p.n_seg = 1, p.accumulate = true;
+            p.tap = {md.router.parts[0].W, weights_.vec(norm), tap_logits()};
+            if (gemv_router_tap_supports(p)) {
+                gemv(p, stream_);
+                moe_routing route;
+                route.tap = tap_logits(), route.bias = md.router_bias;
+                route.idx = ws_idx_.ensure((size_t)k), route.wt = ws_wt_.ensure((size_t)k), route.sig = ws_sig_.ensure(1);
+                float* h = ws_h_.ensure((size_t)(k + 1) * std::max(cfg_.expert_inter, cfg_.shared_inter));
+                moe_route_gate_up(h, md.m, route, f32(x), x.cols, 1, weights_.vec(norm), eps, /*f16=*/true, stream_);
+                moe_down(f32(x), x.cols, md.m, route.idx, route.wt, route.sig, h, 1, k_down_a_scale, stream_, tap_logits());
+                return;
+            }
+        }
+        backend::out_proj_moe(x, o, W_out, norm, eps, w);
+    }
+
     void read_kv(const seq_state& st, int slot, int64_t pos, float* k, float* v) override {
         const auto& cs = static_cast<const cuda_state&>(st);
         const dshape& sh = cs.shape();
@@ -400,6 +431,9 @@ class cuda_backend final : public backend {
     }
 
   private:
+    // The router tap's fixed-point logits [E + 1]: zero at allocation, and zeroed again by moe_down after each use.
+    unsigned long long* tap_logits() { return (unsigned long long*)tap_.get(); }
+
     static bool use_gemm(int T, std::initializer_list<const dmat*> Ws) {
         if (T < k_gemm_min_rows) return false;
         for (const dmat* W : Ws)
@@ -570,6 +604,7 @@ class cuda_backend final : public backend {
     dev_array<gemm_tile> ws_tiles_;
     // fast-GEMM A operands as fp16: a dense call's input; the MoE's normalised input and SwiGLU outputs
     dev_array<uint16_t> ws_a16_, ws_m16_, ws_h16_;
+    device_buffer tap_;  // tap_logits
     dev_array<float> ws_y_, ws_gdn_work_, ws_norm_, ws_q_, ws_part_o_, ws_part_ml_, ws_gdn_o_, ws_router_, ws_wt_, ws_sig_, ws_h_, ws_argmax_;
 };
 

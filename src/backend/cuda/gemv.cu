@@ -27,6 +27,8 @@
 //     (moe.cu). H200: 2K decode 424 -> 545 tok/s, 128K 330 -> 399.
 // v8: those rows stream per warp (gemv_warp_kernel: each warp its own rows and ring, no tile barriers), which
 //     replaced v7's block ring. H200: 2K 549 -> 556 tok/s, 128K 400 -> 405.
+// v9: the router tap (gemv_router_tap): an output projection's per-warp kernel also sums the MoE router's logits
+//     over its 16 rows per block (64-bit fixed-point atomics), which removes the router's launch (moe.cu v9).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -61,11 +63,14 @@ __device__ __forceinline__ float load_x_chunk(float (&xv)[chunk_values<F>()], co
     return chunk_sum<CH>(xv);
 }
 
-__device__ __forceinline__ void store_out(const gemv_params& p, int64_t row, int t, float v) {
+// Returns what it stored.
+__device__ __forceinline__ float store_out(const gemv_params& p, int64_t row, int t, float v) {
     int s = 0;
     while (s + 1 < p.n_seg && row >= p.seg[s + 1].row0) s++;
     float* o = p.seg[s].out + t * p.seg[s].ld + (row - p.seg[s].row0);
-    *o = p.accumulate ? *o + v : v;
+    const float r = p.accumulate ? *o + v : v;
+    *o = r;
+    return r;
 }
 
 template <dfmt F, int R, int TB>
@@ -269,10 +274,26 @@ void launch_stream(const gemv_params& p, cudaStream_t stream) {
 // barriers, a row is used as soon as it lands. One barrier stages the int8 input (xq.cuh).
 __host__ __device__ inline int64_t gemv_row_bytes(const dmat& W) { return W.row_words() * 4 + W.n_groups() * 4; }
 
-template <int CPL, int S>
+// TAP: p.tap's epilogue (gemv_router_tap_supports: warp w of block b owns row 16 b + w alone): thread e < R.rows
+// holds router row e's codes for the block's 16 columns (loaded before the PDL wait: weights), and after the rows
+// are written adds their part of logit e.
+template <int CPL, int S, bool TAP>
 __global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_params p) {
     constexpr int W = k_stream_threads / 32;
+    static_assert(!TAP || W == 16, "the tap reads 16 router columns per block");
     extern __shared__ __align__(16) char smem[];
+    __shared__ float s_tap[TAP ? W : 1];  // nw * out of the block's rows
+    uint4 rc = {};
+    uint32_t rsb = 0;
+    if constexpr (TAP) {
+        const dmat& R = p.tap.R;
+        const int64_t c0 = (int64_t)blockIdx.x * W;
+        if (threadIdx.x % 32 == 0) s_tap[threadIdx.x / 32] = 0.0f;
+        if (threadIdx.x < R.rows) {
+            rc = *reinterpret_cast<const uint4*>(R.w + threadIdx.x * R.row_words() + c0 / 4);
+            rsb = R.sb[threadIdx.x * R.n_groups() + c0 / R.group];
+        }
+    }
     const int64_t K = p.W.cols, N = p.W.rows, rw = p.W.row_words(), ng = p.W.n_groups();
     const int64_t code = rw * 4, row_bytes = code + ng * 4;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -302,8 +323,28 @@ __global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_
             acc += sb_scale(v) * chunk_dot_xq(w[lane + 32 * c], xc[c]) + sb_bias(v) * xc[c].sum;
         }
         acc = warp_sum(acc);
-        if (lane == 0) store_out(p, gw + i * NW, 0, acc);
+        if (lane == 0) {
+            const int64_t row = gw + i * NW;
+            const float v = store_out(p, row, 0, acc);
+            if constexpr (TAP) s_tap[warp] = v * p.tap.nw[row];
+        }
     });
+    if constexpr (TAP) {
+        __syncthreads();
+        if (threadIdx.x < p.tap.R.rows) {
+            const uint32_t w[4] = {rc.x, rc.y, rc.z, rc.w};
+            float d = 0.0f, sx = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const float v = s_tap[4 * k + c];
+                    d = fmaf(byte_to_float(w[k], c), v, d), sx += v;
+                }
+            const long long q = __float2ll_rn((sb_scale(rsb) * d + sb_bias(rsb) * sx) * k_tap_logit_scale);
+            atomicAdd(p.tap.logits + threadIdx.x, (unsigned long long)q);  // two's complement: signed sums wrap right
+        }
+    }
 }
 
 // Ring rows per warp: 6 where they fit (K = 2048: a projection's ~6 rows per warp all in flight), else 3; 0 where
@@ -318,18 +359,23 @@ int gemv_warp_slots(const gemv_params& p) {
     return 0;
 }
 
-template <int CPL, int S>
+template <int CPL, int S, bool TAP>
 void launch_warp_as(const gemv_params& p, cudaStream_t stream) {
     const size_t smem = warp_ring_smem(xq_stage_bytes(p.W.cols / 32), S, gemv_row_bytes(p.W));
-    allow_dynamic_smem<gemv_warp_kernel<CPL, S>>(stream_smem_limit());
+    allow_dynamic_smem<gemv_warp_kernel<CPL, S, TAP>>(stream_smem_limit());
     const int64_t blocks = std::min<int64_t>(sm_count(), (p.W.rows + k_stream_threads / 32 - 1) / (k_stream_threads / 32));
-    launch_pdl(gemv_warp_kernel<CPL, S>, dim3((unsigned)blocks), dim3(k_stream_threads), smem, stream, p);
+    launch_pdl(gemv_warp_kernel<CPL, S, TAP>, dim3((unsigned)blocks), dim3(k_stream_threads), smem, stream, p);
 }
 
 template <int CPL>
 void launch_warp(const gemv_params& p, int slots, cudaStream_t stream) {
-    if (slots == 6) launch_warp_as<CPL, 6>(p, stream);
-    else launch_warp_as<CPL, 3>(p, stream);
+    if (p.tap.logits) {
+        if (slots == 6) launch_warp_as<CPL, 6, true>(p, stream);
+        else launch_warp_as<CPL, 3, true>(p, stream);
+    } else {
+        if (slots == 6) launch_warp_as<CPL, 6, false>(p, stream);
+        else launch_warp_as<CPL, 3, false>(p, stream);
+    }
 }
 
 
@@ -603,6 +649,14 @@ bool set_decode_int8_inputs(bool on) { return int8_inputs_enabled().exchange(on)
 
 bool gemv_int8_inputs(const gemv_params& p) { return int8_warp_slots(p) != 0; }
 
+bool gemv_router_tap_supports(const gemv_params& p) {
+    const dmat& R = p.tap.R;
+    const int64_t N = p.W.rows;
+    return int8_warp_slots(p) != 0 && p.n_seg == 1 && R.fmt == dfmt::q8 && R.cols == N && N % 16 == 0 &&
+           N <= (int64_t)sm_count() * (k_stream_threads / 32) && R.group % 16 == 0 && R.rows >= 1 &&
+           R.rows <= k_stream_threads && p.tap.nw;
+}
+
 unsigned decode_mma_families() { return mma_families().load(std::memory_order_relaxed); }
 unsigned set_decode_mma_families(unsigned families) { return mma_families().exchange(families & mma_all); }
 
@@ -613,6 +667,7 @@ int gemv_lanes_per_row(int64_t n_chunks) {
 }
 
 void gemv(const gemv_params& p, cudaStream_t stream) {
+    TANSY_CHECK(!p.tap.logits || gemv_router_tap_supports(p), "gemv: router tap on an unsupported shape");
     const int CH = p.W.fmt == dfmt::q4 ? 32 : p.W.fmt == dfmt::q8 ? 16 : 8;
     TANSY_CHECK(p.W.cols % CH == 0, "gemv: %lld columns is not a multiple of %d", (long long)p.W.cols, CH);
     TANSY_CHECK(p.W.fmt == dfmt::bf16 || (p.W.group % CH == 0), "gemv: group %d vs chunk %d", p.W.group, CH);

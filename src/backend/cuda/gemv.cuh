@@ -38,6 +38,19 @@ struct gemv_segment {
     int64_t row0 = 0;
 };
 
+// Optional epilogue of the one-row int8 GEMV (gemv_router_tap_supports), for an output projection that feeds the
+// MoE block: the router's logits over the rows it writes. They are linear in the MoE's input up to the norm's
+// 1/rms, which the gate/up kernel applies (moe_routing::tap): the router's own launch leaves the decode chain. The
+// blocks' parts are summed as 64-bit fixed point, exact and so the same in any order (fp32 atomics would make
+// decode differ between runs): k_tap_logit_scale units per 1, at most ~3e-8 off per part, where fp32 logits of
+// |l| ~ 1-10 carry ~1e-7 - 1e-6 of rounding anyway.
+constexpr float k_tap_logit_scale = 16777216.0f;  // 2^24
+struct gemv_router_tap {
+    dmat R;                                // [router; shared-expert gate] rows, 8-bit, R.cols == the GEMV's rows
+    const float* nw = nullptr;             // the MoE norm's weights [R.cols]
+    unsigned long long* logits = nullptr;  // [R.rows] += R (nw * out) in fixed point (zero before)
+};
+
 struct gemv_params {
     dmat W;
     const float* x = nullptr;  // [T, ldx], first W.cols used
@@ -49,6 +62,7 @@ struct gemv_params {
     int n_seg = 1;
     bool accumulate = false;  // out += W x instead of out = W x
     bool f16_inputs = false;  // round x (after the norm) to fp16 first, as the fast GEMM's operands are
+    gemv_router_tap tap;      // used when tap.logits is set (gemv_router_tap_supports)
 };
 
 constexpr int k_gemv_max_norm_rows = 16;
@@ -71,6 +85,10 @@ bool decode_int8_inputs();
 bool set_decode_int8_inputs(bool on);  // returns the previous setting
 // Whether gemv(p) takes that path (its result then differs from the fp16-input twin by xq.cuh's quantisation).
 bool gemv_int8_inputs(const gemv_params& p);
+
+// Whether gemv(p) can run p.tap: one input row on the int8 per-warp kernel with one row per warp (a block's 16 rows
+// are 16 consecutive router columns), a q8 router of at most 512 rows.
+bool gemv_router_tap_supports(const gemv_params& p);
 
 // Lanes that cooperate on one row: the largest power of two <= min(32, chunks per row).
 int gemv_lanes_per_row(int64_t n_chunks);

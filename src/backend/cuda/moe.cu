@@ -18,12 +18,19 @@
 //     other cases. H200: gate/up 2K 546.7 -> 549.2 tok/s, 128K 399.2 -> 400.8, batch 4 920 -> 963; down 2K
 //     556.7 -> 561.8, 128K 405.5 -> 408.0, batch 4 959 -> 981. (Even per-block shares through the block ring
 //     instead, 4 tiles per block: 546 -> 494, more serial consume rounds.)
+// v9: one decode token takes its routing from the router tap (gemv.cuh: the output projection's GEMV sums the
+//     router logits of its rows in fixed point): no router launch; gate/up selects on the unnormalised logits
+//     (same ranking) before staging x, and down zeroes them for the next layer. H200: 2K 558.5 -> 584.9 tok/s,
+//     128K 407.0 -> 420.0. (Also tried: gate/up and down as one kernel split over the intermediate dimension,
+//     branch wip/moe-fused-split: with a fixed-order grid reduction at the end 534.6 -> 491.0; with fp32
+//     atomics instead +1.6% but decode then differs between runs.)
 #include <algorithm>
 #include <climits>
 
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/mma_dot.cuh"
 #include "backend/cuda/stream.cuh"
+#include "backend/cuda/topk.cuh"
 #include "backend/cuda/xq.cuh"
 
 namespace tansy::cuda {
@@ -31,50 +38,6 @@ namespace tansy::cuda {
 namespace {
 
 constexpr int k_warps = 4;
-constexpr int k_max_topk = 16;
-constexpr int k_max_experts = 512;
-
-// Router logits as order_key(l, 1): 0 marks padding and taken experts; a NaN (key 1, below every number) is
-// chosen only when nothing else is left, and is still a real expert id.
-// One warp, one token: the top-k of E router logits (+ bias), ties to the lower id (what a sequential arg-max
-// picks), and the softmax over the selected logits (== the full softmax renormalised over the top-k, MODEL.md
-// §5). Every lane ends with the ids and weights. Each round is two warp reductions (redux.sync), not shuffles.
-__device__ __forceinline__ void warp_topk(const float* l, const float* bias, int E, int k, int (&chosen)[k_max_topk],
-                                          float (&wt)[k_max_topk]) {
-    constexpr int PER = k_max_experts / 32;
-    const int lane = threadIdx.x % 32;
-    uint32_t v[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int e = lane + 32 * i;
-        v[i] = e < E ? order_key(l[e] + (bias ? bias[e] : 0.0f), 1u) : 0u;
-    }
-    float val[k_max_topk];
-#pragma unroll
-    for (int j = 0; j < k_max_topk; j++) {
-        if (j >= k) break;
-        uint32_t best = 0;
-#pragma unroll
-        for (int i = 0; i < PER; i++) best = max(best, v[i]);
-        best = __reduce_max_sync(0xffffffffu, best);
-        int bi = INT_MAX;
-#pragma unroll
-        for (int i = PER - 1; i >= 0; i--)  // descending, so the lane's lowest matching id is kept
-            if (v[i] == best) bi = lane + 32 * i;
-        bi = __reduce_min_sync(0xffffffffu, bi);
-#pragma unroll
-        for (int i = 0; i < PER; i++)
-            if (lane + 32 * i == bi) v[i] = 0u;  // taken
-        chosen[j] = bi, val[j] = key_value(best);
-    }
-    float sum = 0;
-#pragma unroll
-    for (int j = 0; j < k_max_topk; j++)
-        if (j < k) sum += expf(val[j] - val[0]);
-#pragma unroll
-    for (int j = 0; j < k_max_topk; j++)
-        if (j < k) wt[j] = expf(val[j] - val[0]) / sum;
-}
 
 // Writes token t's routing (lane 0 of the calling warp).
 __device__ __forceinline__ void store_route(const moe_routing& r, int t, int E, int k, const int (&chosen)[k_max_topk],
@@ -319,7 +282,8 @@ constexpr int k_gu_warp_slots = 3;
 
 __host__ __device__ inline int64_t gate_up_row_bytes(const dmat& G) { return 2 * G.row_words() * 4 + 2 * G.n_groups() * 4; }
 
-template <int CPL>
+// TAP: the routing from moe_routing::tap (one token) instead of logits.
+template <int CPL, bool TAP>
 __global__ void __launch_bounds__(k_stream_threads)
     gate_up_warp_kernel(float* h, const dmoe m, const moe_routing route, const float* x, int64_t ldx,
                         const float* norm_w, float eps, int64_t h_ld) {
@@ -354,7 +318,9 @@ __global__ void __launch_bounds__(k_stream_threads)
     int pre = 0;
     while (pre < min(nr, S - 1) && gw + pre * NW < m.F) issue(pre), cp_async_commit(), pre++;
     pdl_wait();
-    {
+    xq_chunk xc[CPL];
+    int gi[CPL];
+    if constexpr (!TAP) {
         int chosen[k_max_topk];
         float wt[k_max_topk];
         warp_topk(route.logits + t * route.ld, route.bias, m.E, m.k, chosen, wt);
@@ -362,11 +328,41 @@ __global__ void __launch_bounds__(k_stream_threads)
         for (int j = 0; j < k_max_topk; j++)
             if (j < m.k && lane == j) my_id = chosen[j];
         if (blockIdx.x == 0 && warp == 0 && lane == 0) store_route(route, t, m.E, m.k, chosen, wt);
+        ring_start<S>(nr, pre, issue);
+        stage_lane_xq(xc, gi, smem, x + t * ldx, norm_w, eps, m.D, m.gate.group);
+    } else {
+        // The router tap's logits (T == 1) are of the unnormalised input: their ranking is the normalised one's,
+        // so without a bias the selection (and the routed rows' loads) need not wait for the staging's 1/rms.
+        auto logit = [&](int e) { return (float)(long long)route.tap[e] * (1.0f / k_tap_logit_scale); };
+        float my_val = 0.0f;  // lane j < k: expert j's logit (+ bias)
+        const float gate_logit = logit(m.E);
+        auto select = [&](float scale) {  // (loads the logits itself: nothing held across the staging)
+            uint32_t key[k_topk_per_lane];
+#pragma unroll
+            for (int i = 0; i < k_topk_per_lane; i++) {
+                const int e = lane + 32 * i;
+                key[i] = e < m.E ? router_key(logit(e) * scale + (route.bias ? route.bias[e] : 0.0f)) : 0u;
+            }
+            int chosen[k_max_topk];
+            float val[k_max_topk];
+            warp_topk_select(key, m.k, chosen, val);
+#pragma unroll
+            for (int j = 0; j < k_max_topk; j++)
+                if (j < m.k && lane == j) my_id = chosen[j], my_val = val[j];
+        };
+        const bool late = route.bias != nullptr;  // a bias is added to the normalised logits
+        if (!late) select(1.0f), ring_start<S>(nr, pre, issue);
+        const float inv_rms = stage_lane_xq(xc, gi, smem, x, norm_w, eps, m.D, m.gate.group);
+        if (late) select(inv_rms), ring_start<S>(nr, pre, issue);
+        if (blockIdx.x == 0 && warp == 0) {  // the routing for down (as store_route): softmax over the top-k
+            const float scale = late ? 1.0f : inv_rms;
+            const float top = __shfl_sync(0xffffffffu, my_val, 0);  // (every lane: a full-warp shuffle)
+            const float ex = lane < m.k ? expf((my_val - top) * scale) : 0.0f;
+            const float sum = warp_sum(ex);
+            if (lane < m.k) route.idx[lane] = my_id, route.wt[lane] = ex / sum;
+            if (lane == 0) route.sig[0] = sigmoidf_(gate_logit * inv_rms);
+        }
     }
-    ring_start<S>(nr, pre, issue);
-    xq_chunk xc[CPL];
-    int gi[CPL];
-    stage_lane_xq(xc, gi, smem, x + t * ldx, norm_w, eps, m.D, m.gate.group);
     warp_ring_run<S>(nr, issue, [&](int i) {
         const char* s = ring + (i % S) * row_bytes;
         const uint4* wg = reinterpret_cast<const uint4*>(s);
@@ -592,7 +588,7 @@ __host__ __device__ inline int64_t down_seg_bytes(const dmat& W) { return W.row_
 
 __global__ void __launch_bounds__(k_stream_threads)
     down_warp_kernel(float* x, int64_t ldx, const dmoe m, const int32_t* idx, const float* wt, const float* sig,
-                     const float* h, int64_t h_ld) {
+                     const float* h, int64_t h_ld, unsigned long long* zero_tap) {
     constexpr int S = k_dn_warp_slots, W = k_stream_threads / 32, U = 5;
     extern __shared__ __align__(16) char smem[];
     const int t = blockIdx.y, ns = m.k + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -604,6 +600,8 @@ __global__ void __launch_bounds__(k_stream_threads)
     const int nr = gw < m.D ? (int)((m.D - gw + NW - 1) / NW) : 0;
     pdl_trigger();
     pdl_wait();  // routing and h come from gate/up
+    if (zero_tap && blockIdx.x == 0)  // gate/up, which read them, has completed: zero for the next tap
+        for (int e = threadIdx.x; e <= m.E; e += blockDim.x) zero_tap[e] = 0ull;
     // lane j <= k: slot j's first row in its matrix (the shared expert's for j == k) and weight
     const int64_t my_row0 = lane < m.k ? (int64_t)idx[t * m.k + lane] * m.D : 0;
     const float my_w = lane < m.k ? wt[t * m.k + lane] : lane == m.k ? sig[t] : 0.0f;
@@ -778,9 +776,15 @@ void launch_gate_up_warp(float* h, const dmoe& m, const moe_routing& r, const fl
                          const float* norm_w, float eps, cudaStream_t stream) {
     const int64_t bx = std::max(1, sm_count() / T);
     const size_t smem = gate_up_warp_smem(m);
-    allow_dynamic_smem<gate_up_warp_kernel<CPL>>(stream_smem_limit());
-    launch_pdl(gate_up_warp_kernel<CPL>, dim3((unsigned)bx, (unsigned)T), dim3(k_stream_threads), smem, stream, h, m, r,
-               x, ldx, norm_w, eps, std::max(m.F, m.Fs));
+    if (r.tap) {
+        allow_dynamic_smem<gate_up_warp_kernel<CPL, true>>(stream_smem_limit());
+        launch_pdl(gate_up_warp_kernel<CPL, true>, dim3((unsigned)bx, (unsigned)T), dim3(k_stream_threads), smem, stream, h,
+                   m, r, x, ldx, norm_w, eps, std::max(m.F, m.Fs));
+    } else {
+        allow_dynamic_smem<gate_up_warp_kernel<CPL, false>>(stream_smem_limit());
+        launch_pdl(gate_up_warp_kernel<CPL, false>, dim3((unsigned)bx, (unsigned)T), dim3(k_stream_threads), smem, stream,
+                   h, m, r, x, ldx, norm_w, eps, std::max(m.F, m.Fs));
+    }
     CUDA_CHECK_LAUNCH();
 }
 
@@ -822,6 +826,7 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
     TANSY_CHECK(m.D % chunk_of(f) == 0 && ldx % 4 == 0 && m.D % 4 == 0, "moe_gate_up: D=%lld", (long long)m.D);
     TANSY_CHECK(m.k >= 1 && m.k <= k_max_topk && m.k <= m.E && m.E <= k_max_experts, "moe: k=%d E=%d", m.k, m.E);
     if (T == 0) return;
+    TANSY_CHECK(!r.tap || (T == 1 && f16 && moe_tap_supports(m)), "moe: the router tap is for one token (moe_tap_supports)");
     const int64_t n_chunks = m.D / chunk_of(f);
     if (gate_up_mma_supports(m))
         return launch_gate_up_mma(h, m, r, x, ldx, T, norm_w, eps, f16, stream);  // tensor cores, top-k fused
@@ -895,8 +900,19 @@ bool down_warp_fits(const dmoe& m) {
            down_warp_smem(m) <= stream_smem_limit();
 }
 
+bool moe_tap_supports(const dmoe& m) {
+    for (const dmat* W : {&m.gate, &m.up, &m.down, &m.s_gate, &m.s_up, &m.s_down})
+        if (W->fmt != dfmt::q4) return false;
+    const int64_t n_chunks = m.D / 32;
+    return decode_int8_inputs() && m.F == m.Fs && m.D % 32 == 0 && (n_chunks == 32 || n_chunks == 64) &&
+           m.E < k_stream_threads && m.k >= 1 && m.k <= k_max_topk && m.k <= m.E && m.E <= k_max_experts &&
+           m.up.group == m.gate.group && m.s_gate.group == m.gate.group && m.s_up.group == m.gate.group &&
+           m.s_down.group == m.down.group && !gate_up_mma_supports(m) && !down_mma_supports(m) &&
+           gate_up_warp_fits(m) && down_warp_fits(m);
+}
+
 void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
-              const float* h, int T, float h_f16_scale, cudaStream_t stream) {
+              const float* h, int T, float h_f16_scale, cudaStream_t stream, unsigned long long* zero_tap) {
     const dfmt f = m.down.fmt;
     TANSY_CHECK(m.s_down.fmt == f && (f == dfmt::bf16 || m.s_down.group == m.down.group),
                 "moe: mixed weight formats or quantisation groups");
@@ -911,10 +927,11 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
     if (xq && down_warp_fits(m)) {
         allow_dynamic_smem<down_warp_kernel>(stream_smem_limit());
         launch_pdl(down_warp_kernel, dim3((unsigned)std::max(1, sm_count() / T), (unsigned)T), dim3(k_stream_threads),
-                   down_warp_smem(m), stream, x, ldx, m, idx, wt, sig, h, h_ld);
+                   down_warp_smem(m), stream, x, ldx, m, idx, wt, sig, h, h_ld, zero_tap);
         CUDA_CHECK_LAUNCH();
         return;
     }
+    TANSY_CHECK(!zero_tap, "moe_down: the router tap needs the per-warp kernel (moe_tap_supports)");
     const int64_t bx = std::max(1, sm_count() / T);
     const int CH = chunk_of(f);
     const size_t h_bytes = (size_t)align16(ns * (m.F / CH) * (CH + 4) * 4);

@@ -27,6 +27,10 @@ struct moe_routing {
     const float* logits = nullptr;
     int64_t ld = 0;
     const float* bias = nullptr;
+    // Instead of logits, one token (T == 1, moe_tap_supports): the router tap's fixed-point logits of the
+    // unnormalised input ([E + 1], gemv_router_tap), which the gate/up kernel scales by the norm's 1/rms; moe_down
+    // zeroes them again for the next tap (pass it as zero_tap).
+    unsigned long long* tap = nullptr;
     int32_t* idx = nullptr;
     float* wt = nullptr;
     float* sig = nullptr;
@@ -44,7 +48,11 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
 // x[t] += sum_j wt[t][j] * W_down^{idx[t][j]} h[t][j] + sig[t] * W_sdown h[t][k]. h_f16_scale != 0: h is taken
 // as round_f16(h * h_f16_scale) / h_f16_scale, the fast grouped GEMM's scaled fp16 operand.
 void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const float* wt, const float* sig,
-              const float* h, int T, float h_f16_scale, cudaStream_t stream);
+              const float* h, int T, float h_f16_scale, cudaStream_t stream, unsigned long long* zero_tap = nullptr);
+
+// Whether one token's MoE block (fast mode, f16 inputs) can take its routing from the router tap: the gate/up and
+// down kernels with per-warp rows and int8 inputs, at most 511 experts.
+bool moe_tap_supports(const dmoe& m);
 
 // ---- many rows (prompt processing): experts as a grouped tensor-core GEMM (gemm.cuh)
 

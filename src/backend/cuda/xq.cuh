@@ -120,9 +120,9 @@ __device__ __forceinline__ xq_chunk load_xq(const char* st, int64_t nc, int64_t 
 
 // Block-wide (every thread calls it; one barrier inside): stage_xq of the K values x (RMS-normalised with nw when
 // set), then each lane's chunks lane + 32 c (c < CPL) into registers, steps and sums scaled by 1/rms; gi[c]: the
-// chunk's scale/bias word in a weight row of quantisation group `group`.
+// chunk's scale/bias word in a weight row of quantisation group `group`. Returns the scale (1/rms, or 1).
 template <int CPL>
-__device__ __forceinline__ void stage_lane_xq(xq_chunk (&xc)[CPL], int (&gi)[CPL], char* st, const float* x,
+__device__ __forceinline__ float stage_lane_xq(xq_chunk (&xc)[CPL], int (&gi)[CPL], char* st, const float* x,
                                               const float* nw, float eps, int64_t K, int group) {
     __shared__ float red[32];
     stage_xq(st, red, x, nw, K);
@@ -131,6 +131,7 @@ __device__ __forceinline__ void stage_lane_xq(xq_chunk (&xc)[CPL], int (&gi)[CPL
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int c = 0; c < CPL; c++) xc[c] = load_xq(st, K / 32, lane + 32 * c, scale), gi[c] = ((lane + 32 * c) * 32) / group;
+    return scale;
 }
 
 // d = sum of 4 (unsigned byte of a) x (signed byte of b), plus c.
