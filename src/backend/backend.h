@@ -99,7 +99,7 @@ class backend {
 
     // A layer's tail: the mixer's output projection into the residual stream, then the MoE block, i.e.
     // matmul(x, o, W_out, accumulate) and moe(x, norm, eps, w). One op so that a backend can fuse them (CUDA, one
-    // decode token: the router's logits come out of the projection's epilogue and the MoE block is one kernel).
+    // decode token: the router's logits come out of the projection's kernel, without a router launch).
     virtual void out_proj_moe(const tensor& x, const tensor& o, const matrix& W_out, vec_view norm, float eps,
                               const moe_weights& w) {
         matmul(x, o, W_out, /*accumulate=*/true);
