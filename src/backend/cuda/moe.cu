@@ -771,21 +771,20 @@ bool gate_up_warp_fits(const dmoe& m) {
            gate_up_warp_smem(m) <= stream_smem_limit();
 }
 
+template <int CPL, bool TAP>
+void launch_gate_up_warp_as(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
+                            const float* norm_w, float eps, cudaStream_t stream) {
+    allow_dynamic_smem<gate_up_warp_kernel<CPL, TAP>>(stream_smem_limit());
+    launch_pdl(gate_up_warp_kernel<CPL, TAP>, dim3((unsigned)std::max(1, sm_count() / T), (unsigned)T),
+               dim3(k_stream_threads), gate_up_warp_smem(m), stream, h, m, r, x, ldx, norm_w, eps, std::max(m.F, m.Fs));
+    CUDA_CHECK_LAUNCH();
+}
+
 template <int CPL>
 void launch_gate_up_warp(float* h, const dmoe& m, const moe_routing& r, const float* x, int64_t ldx, int T,
                          const float* norm_w, float eps, cudaStream_t stream) {
-    const int64_t bx = std::max(1, sm_count() / T);
-    const size_t smem = gate_up_warp_smem(m);
-    if (r.tap) {
-        allow_dynamic_smem<gate_up_warp_kernel<CPL, true>>(stream_smem_limit());
-        launch_pdl(gate_up_warp_kernel<CPL, true>, dim3((unsigned)bx, (unsigned)T), dim3(k_stream_threads), smem, stream, h,
-                   m, r, x, ldx, norm_w, eps, std::max(m.F, m.Fs));
-    } else {
-        allow_dynamic_smem<gate_up_warp_kernel<CPL, false>>(stream_smem_limit());
-        launch_pdl(gate_up_warp_kernel<CPL, false>, dim3((unsigned)bx, (unsigned)T), dim3(k_stream_threads), smem, stream,
-                   h, m, r, x, ldx, norm_w, eps, std::max(m.F, m.Fs));
-    }
-    CUDA_CHECK_LAUNCH();
+    if (r.tap) launch_gate_up_warp_as<CPL, true>(h, m, r, x, ldx, T, norm_w, eps, stream);
+    else launch_gate_up_warp_as<CPL, false>(h, m, r, x, ldx, T, norm_w, eps, stream);
 }
 
 int gate_up_mma_k_chunks(const dmoe& m) {  // (gate, up) x k-chunks items for the warps of a 16-row block
@@ -904,8 +903,7 @@ bool moe_tap_supports(const dmoe& m) {
     for (const dmat* W : {&m.gate, &m.up, &m.down, &m.s_gate, &m.s_up, &m.s_down})
         if (W->fmt != dfmt::q4) return false;
     const int64_t n_chunks = m.D / 32;
-    return decode_int8_inputs() && m.F == m.Fs && m.D % 32 == 0 && (n_chunks == 32 || n_chunks == 64) &&
-           m.E < k_stream_threads && m.k >= 1 && m.k <= k_max_topk && m.k <= m.E && m.E <= k_max_experts &&
+    return decode_int8_inputs() && m.F == m.Fs && m.D % 32 == 0 && (n_chunks == 32 || n_chunks == 64) && m.k >= 1 && m.k <= k_max_topk && m.k <= m.E && m.E <= k_max_experts &&
            m.up.group == m.gate.group && m.s_gate.group == m.gate.group && m.s_up.group == m.gate.group &&
            m.s_down.group == m.down.group && !gate_up_mma_supports(m) && !down_mma_supports(m) &&
            gate_up_warp_fits(m) && down_warp_fits(m);

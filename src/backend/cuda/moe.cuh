@@ -51,7 +51,7 @@ void moe_down(float* x, int64_t ldx, const dmoe& m, const int32_t* idx, const fl
               const float* h, int T, float h_f16_scale, cudaStream_t stream, unsigned long long* zero_tap = nullptr);
 
 // Whether one token's MoE block (fast mode, f16 inputs) can take its routing from the router tap: the gate/up and
-// down kernels with per-warp rows and int8 inputs, at most 511 experts.
+// down kernels with per-warp rows and int8 inputs (the tap itself: gemv_router_tap_supports).
 bool moe_tap_supports(const dmoe& m);
 
 // ---- many rows (prompt processing): experts as a grouped tensor-core GEMM (gemm.cuh)

@@ -1,4 +1,4 @@
-// The MoE router's top-k for one token in one warp (device code; moe.cu, moe_fused.cu).
+// The MoE router's top-k for one token in one warp (device code; moe.cu).
 #pragma once
 #include <climits>
 
@@ -40,19 +40,8 @@ __device__ __forceinline__ void warp_topk_select(uint32_t (&v)[k_topk_per_lane],
     }
 }
 
-// The softmax over the selected logits times `scale` (== the full softmax renormalised over the top-k, MODEL.md
-// §5); scale is the norm's 1/rms where the logits were taken from the unnormalised input, else 1.
-__device__ __forceinline__ void topk_weights(const float (&val)[k_max_topk], int k, float scale, float (&wt)[k_max_topk]) {
-    float sum = 0;
-#pragma unroll
-    for (int j = 0; j < k_max_topk; j++)
-        if (j < k) sum += expf((val[j] - val[0]) * scale);
-#pragma unroll
-    for (int j = 0; j < k_max_topk; j++)
-        if (j < k) wt[j] = expf((val[j] - val[0]) * scale) / sum;
-}
-
-// The same from E logits in memory (+ bias, optional).
+// The same from E logits in memory (+ bias, optional), with the softmax over the selected logits (== the full
+// softmax renormalised over the top-k, MODEL.md §5).
 __device__ __forceinline__ void warp_topk(const float* l, const float* bias, int E, int k, int (&chosen)[k_max_topk],
                                           float (&wt)[k_max_topk]) {
     const int lane = threadIdx.x % 32;
@@ -64,7 +53,13 @@ __device__ __forceinline__ void warp_topk(const float* l, const float* bias, int
     }
     float val[k_max_topk];
     warp_topk_select(v, k, chosen, val);
-    topk_weights(val, k, 1.0f, wt);
+    float sum = 0;
+#pragma unroll
+    for (int j = 0; j < k_max_topk; j++)
+        if (j < k) sum += expf(val[j] - val[0]);
+#pragma unroll
+    for (int j = 0; j < k_max_topk; j++)
+        if (j < k) wt[j] = expf(val[j] - val[0]) / sum;
 }
 
 }  // namespace tansy::cuda
