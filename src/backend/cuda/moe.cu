@@ -296,22 +296,28 @@ __global__ void __launch_bounds__(k_stream_threads)
     const int64_t NW = (int64_t)gridDim.x * W, gw = (int64_t)blockIdx.x * W + warp;
     const int nr = gw < rows ? (int)((rows - gw + NW - 1) / NW) : 0;
     int my_id = 0;  // lane j < k: the token's expert j (after the top-k)
+    const int F32 = (int)m.F;  // (k+1) F rows fit an int: 32-bit division below, not a 64-bit one
+    const uint32_t *gw_s = m.s_gate.w, *gw_r = m.gate.w, *uw_s = m.s_up.w, *uw_r = m.up.w;
+    const uint32_t *gs_s = m.s_gate.sb, *gs_r = m.gate.sb, *us_s = m.s_up.sb, *us_r = m.up.sb;
     auto issue = [&](int i) {
-        const int64_t v = gw + i * NW;
-        const int q = (int)(v / m.F);
-        const int64_t r = v - q * m.F;
+        const int v = (int)(gw + i * NW), q = v / F32, r = v - q * F32;
         const int e = __shfl_sync(0xffffffffu, my_id, max(q - 1, 0));
-        const dmat& G = q == 0 ? m.s_gate : m.gate;
-        const dmat& U = q == 0 ? m.s_up : m.up;
-        const int64_t row = (q == 0 ? 0 : (int64_t)e * m.F) + r;
-        char* s = ring + (i % S) * row_bytes;
-        warp_copy_async(s, G.w + row * rw, (int)code);
-        warp_copy_async(s + code, U.w + row * rw, (int)code);
-        // both scale/bias rows in one predicated copy per lane, not two warp_copy_async loops (with down's single
-        // loop below: H200 2K decode 543 -> 559 tok/s, batch 4 936 -> 982, back to adf1ec9's figures)
-        if (lane < sbb / 16) cp_async16(s + 2 * code + 16 * lane, reinterpret_cast<const char*>(G.sb + row * ng) + 16 * lane);
-        else if (lane < sbb / 8) cp_async16(s + 2 * code + sbb + 16 * (lane - sbb / 16),
-                                            reinterpret_cast<const char*>(U.sb + row * ng) + 16 * (lane - sbb / 16));
+        const bool sh = q == 0;
+        const int64_t row = (sh ? 0 : (int64_t)e * F32) + r;
+        char* s = ring + (i % S) * row_bytes + 16 * lane;
+        const char* g = reinterpret_cast<const char*>((sh ? gw_s : gw_r) + row * rw) + 16 * lane;
+        const char* u = reinterpret_cast<const char*>((sh ? uw_s : uw_r) + row * rw) + 16 * lane;
+        // a row's codes are exactly CPL 16-byte pieces per lane (D = 1024 CPL): unrolled, no copy loop
+#pragma unroll
+        for (int c = 0; c < CPL; c++) cp_async16(s + 512 * c, g + 512 * c), cp_async16(s + code + 512 * c, u + 512 * c);
+        // both scale/bias rows in one predicated copy per lane, not two warp_copy_async loops (H200 2K decode
+        // 543 -> 559 tok/s, batch 4 936 -> 982, back to adf1ec9's figures)
+        const int half = (int)(sbb / 16);
+        if (lane < 2 * half) {
+            const bool up = lane >= half;
+            const uint32_t* sb = sh ? (up ? us_s : gs_s) : (up ? us_r : gs_r);
+            cp_async16(s + 2 * code, reinterpret_cast<const char*>(sb + row * ng) + 16 * (lane - (up ? half : 0)));
+        }
     };
     pdl_trigger();
     // the shared expert's rows come first in the warp's order: those of the first S-1 stream before the wait
@@ -376,9 +382,8 @@ __global__ void __launch_bounds__(k_stream_threads)
             u += affine_or_dense<dfmt::q4>(chunk_dot_xq(wu[lane + 32 * c], xc[c]), su[gi[c]], xc[c].sum);
         }
         g = warp_sum(g), u = warp_sum(u);
-        const int64_t v = gw + i * NW;
-        const int q = (int)(v / m.F), slot = q == 0 ? m.k : q - 1;  // h's slot order: the k experts, then the shared one
-        if (lane == 0) h[((int64_t)t * (m.k + 1) + slot) * h_ld + (v - q * m.F)] = siluf_(g) * u;
+        const int v = (int)(gw + i * NW), q = v / F32, slot = q == 0 ? m.k : q - 1;  // h's slot order: the k experts, then the shared one
+        if (lane == 0) h[((int64_t)t * (m.k + 1) + slot) * h_ld + (v - q * F32)] = siluf_(g) * u;
     });
 }
 
@@ -583,6 +588,7 @@ __global__ void __launch_bounds__(k_stream_threads)
 // words) through its own ring; every warp reads the routing itself; one barrier stages h. x[t] += sum_j w_j
 // down_j h_j. Requires F == Fs, F % 32 == 0.
 constexpr int k_dn_warp_slots = 2;
+constexpr int k_dn_copy_pieces = 7;  // 16-byte copies per lane per ring row: (k+1) segments of <= 224 pieces
 
 __host__ __device__ inline int64_t down_seg_bytes(const dmat& W) { return W.row_words() * 4 + W.n_groups() * 4; }
 
@@ -599,26 +605,52 @@ __global__ void __launch_bounds__(k_stream_threads)
     const int64_t NW = (int64_t)gridDim.x * W, gw = (int64_t)blockIdx.x * W + warp;
     const int nr = gw < m.D ? (int)((m.D - gw + NW - 1) / NW) : 0;
     pdl_trigger();
+    // A ring row is the k+1 segments back to back, each its codes then its scale/bias words: lane's 16-byte
+    // piece u of it (q = lane + 32 u) is read from src[u] + (output row) * (codes or scale/bias row stride).
+    // Computed once (the generic per-segment copy loops took ~78 instructions per segment, 61% of the kernel's
+    // instructions at 16 tokens: Nsight Compute source counters, H200), what needs no routing before the wait.
+    const int pps = seg / 16, pieces = ns * pps;
+    const char* src[k_dn_copy_pieces];
+    int slot_of[k_dn_copy_pieces];    // the piece's slot j (its expert's first row is added after the wait)
+    int stride_of[k_dn_copy_pieces];  // bytes per row of the piece's array (codes or scale/bias words)
+    uint32_t sb_piece = 0;  // bit u: piece u is scale/bias words (row stride ng * 4, else rw * 4)
+    {
+        int j = 0, o = lane;  // piece q = j * pps + o, stepped by 32 without a division
+#pragma unroll
+        for (int u = 0; u < k_dn_copy_pieces; u++) {
+            while (o >= pps) o -= pps, j++;
+            const int jj = min(j, m.k), oo = 16 * o;  // (past the last piece: any valid address, not copied)
+            const bool sbp = oo >= code;
+            const uint32_t* base = sbp ? (jj == m.k ? m.s_down.sb : m.down.sb) : (jj == m.k ? m.s_down.w : m.down.w);
+            src[u] = reinterpret_cast<const char*>(base) + (sbp ? oo - code : oo);
+            slot_of[u] = jj, stride_of[u] = (int)(sbp ? ng * 4 : rw * 4);
+            if (sbp) sb_piece |= 1u << u;
+            o += 32;
+        }
+    }
     pdl_wait();  // routing and h come from gate/up
     if (zero_tap && blockIdx.x == 0)  // gate/up, which read them, has completed: zero for the next tap
         for (int e = threadIdx.x; e <= m.E; e += blockDim.x) zero_tap[e] = 0ull;
     // lane j <= k: slot j's first row in its matrix (the shared expert's for j == k) and weight
     const int64_t my_row0 = lane < m.k ? (int64_t)idx[t * m.k + lane] * m.D : 0;
     const float my_w = lane < m.k ? wt[t * m.k + lane] : lane == m.k ? sig[t] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < k_dn_copy_pieces; u++) {
+        const int64_t row0 = __shfl_sync(0xffffffffu, my_row0, min(slot_of[u], m.k - 1));  // (every lane shuffles)
+        if (slot_of[u] < m.k) src[u] += row0 * stride_of[u];
+    }
     auto issue = [&](int i) {
-        const int64_t r = gw + i * NW;
-        char* s = ring + (i % S) * row_bytes;
-        for (int j = 0; j < ns; j++) {
-            const int64_t row = (j == m.k ? 0 : __shfl_sync(0xffffffffu, my_row0, j)) + r;
-            const dmat& Wd = j == m.k ? m.s_down : m.down;
-            for (int o = 16 * lane; o < seg; o += 16 * 32) {  // codes then scale/bias words in one loop (see gate/up)
-                const char* src = o < code ? reinterpret_cast<const char*>(Wd.w + row * rw) + o
-                                           : reinterpret_cast<const char*>(Wd.sb + row * ng) + (o - code);
-                cp_async16(s + j * seg + o, src);
-            }
-        }
+        const int64_t r = gw + i * NW, rc = r * code, rs = r * (ng * 4);
+        char* s = ring + (i % S) * row_bytes + 16 * lane;
+#pragma unroll
+        for (int u = 0; u < k_dn_copy_pieces; u++)
+            if (lane + 32 * u < pieces) cp_async16(s + 512 * u, src[u] + ((sb_piece >> u) & 1 ? rs : rc));
     };
     ring_start<S>(nr, 0, issue);
+    // lane 0 loads each row's old x a row ahead, so that the store waits for no L2 round trip after the dot (at
+    // one token, one row per warp: the kernel's last step)
+    auto old_x = [&](int i) { return i < nr ? x[t * ldx + gw + i * NW] : 0.0f; };
+    float prev = lane == 0 ? old_x(0) : 0.0f;
     stage_xq(smem, nullptr, h + (int64_t)t * ns * h_ld, nullptr, ns * m.F);  // h_ld == F
     __syncthreads();
     // this lane's (slot, chunk) pairs: q = lane + 32 u
@@ -645,7 +677,11 @@ __global__ void __launch_bounds__(k_stream_threads)
             total += w_of[u] * (sb_scale(sb) * d + sb_bias(sb) * sum_of[u]);
         }
         total = warp_sum(total);
-        if (lane == 0) x[t * ldx + gw + i * NW] += total;
+        if (lane == 0) {
+            const float next = old_x(i + 1);
+            x[t * ldx + gw + i * NW] = prev + total;
+            prev = next;
+        }
     });
 }
 
@@ -896,6 +932,7 @@ size_t down_warp_smem(const dmoe& m) {
 
 bool down_warp_fits(const dmoe& m) {
     return m.F % 32 == 0 && m.F / 32 * (m.k + 1) <= 32 * 5 && down_seg_bytes(m.down) % 16 == 0 &&
+           (m.k + 1) * down_seg_bytes(m.down) <= 16 * 32 * k_dn_copy_pieces &&
            down_warp_smem(m) <= stream_smem_limit();
 }
 
