@@ -378,7 +378,6 @@ void launch_warp(const gemv_params& p, int slots, cudaStream_t stream) {
     }
 }
 
-
 // ---- 4-bit weights on tensor cores (v5): mma_dot.cuh does the dot products for 1..16 input rows; the weight
 // tiles stream through the ring as in v4 (rows padded in shared memory), the K units of a tile's 16-row blocks
 // are split over the warps and folded through shared memory.

@@ -22,8 +22,11 @@
 //     router logits of its rows in fixed point): no router launch; gate/up selects on the unnormalised logits
 //     (same ranking) before staging x, and down zeroes them for the next layer. H200: 2K 558.5 -> 584.9 tok/s,
 //     128K 407.0 -> 420.0. (Also tried: gate/up and down as one kernel split over the intermediate dimension,
-//     branch wip/moe-fused-split: with a fixed-order grid reduction at the end 534.6 -> 491.0; with fp32
-//     atomics instead +1.6% but decode then differs between runs.)
+//     docs/PERF.md session 10: with a fixed-order grid reduction at the end 534.6 -> 491.0; with fp32 atomics
+//     instead +1.6% but decode then differs between runs.)
+// v10: the per-warp kernels' ring copies without generic loops: down's 16-byte pieces per lane come from
+//     descriptors computed once (mostly before the PDL wait), gate/up's codes are CPL unrolled copies, and down
+//     loads its old x a row ahead. H200: 2K 586 -> 606 tok/s, 128K 420 -> 430, batch 16 1,633 -> 1,871.
 #include <algorithm>
 #include <climits>
 

@@ -33,7 +33,8 @@ __device__ __forceinline__ void block_copy_async(void* dst, const void* src, int
 }
 
 // Copies `bytes` (a multiple of 16, both ends 16-byte aligned) with the 32 lanes of a warp, 16 bytes per cp.async
-// (the per-warp rings of gemv_warp_kernel, gate_up_warp_kernel and down_warp_kernel).
+// (gemv_warp_kernel's ring). note: the MoE per-warp kernels issue fixed per-lane copies instead; there this loop
+// cost 3-5% (docs/PERF.md, sessions 10 and 11), while the same change in gemv_warp_kernel measured slower.
 __device__ __forceinline__ void warp_copy_async(void* dst, const void* src, int bytes) {
     for (int i = 16 * (int)(threadIdx.x % 32); i < bytes; i += 16 * 32)
         cp_async16(static_cast<char*>(dst) + i, static_cast<const char*>(src) + i);
