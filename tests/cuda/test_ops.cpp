@@ -3,6 +3,8 @@
 // DeltaNet 16/32 heads of 128), fresh random inputs, several sequences per batch, spans of 1 and many tokens.
 #include <cstring>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "op_twins.h"
 
@@ -118,14 +120,18 @@ TEST(cuda_ops, real_shapes) {
     check_ops(real_config());
 }
 
-// The router tap at other shapes: hidden 1024 (one int8 chunk per lane), 40 experts, top-5, expert width 128; the
-// attention o_proj (K = 2048) takes the tap, the DeltaNet out_proj (K = 512) the plain GEMV and router.
+// The router tap at other shapes: hidden 1024 (one int8 chunk per lane), expert width 128, 40 experts top-5 and
+// 300 experts top-10 (over 256: the top-k's 16-keys-per-lane form); the attention o_proj (K = 2048) takes the tap,
+// the DeltaNet out_proj (K = 512) the plain GEMV and router.
 TEST(cuda_ops, router_tap_other_shapes) {
     TANSY_REQUIRE_GPU();
-    model_config c = tiny_config();
-    c.hidden = 1024, c.expert_inter = c.shared_inter = 128, c.n_experts = 40, c.top_k = 5;
-    auto fast = make_pair(c);
-    check_project_moe_matmul(*fast, TOL_F16_INPUT_OP);
+    for (auto [experts, top_k] : {std::pair{40, 5}, std::pair{300, 10}}) {
+        SCOPED_TRACE(std::to_string(experts) + " experts, top-" + std::to_string(top_k));
+        model_config c = tiny_config();
+        c.hidden = 1024, c.expert_inter = c.shared_inter = 128, c.n_experts = experts, c.top_k = top_k;
+        auto fast = make_pair(c);
+        check_project_moe_matmul(*fast, TOL_F16_INPUT_OP);
+    }
 }
 
 TEST(cuda_ops, embed_and_argmax) {

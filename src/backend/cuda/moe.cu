@@ -350,11 +350,13 @@ __global__ void __launch_bounds__(k_stream_threads)
 #pragma unroll
             for (int i = 0; i < k_topk_per_lane; i++) {
                 const int e = lane + 32 * i;
-                key[i] = e < m.E ? router_key(logit(e) * scale + (route.bias ? route.bias[e] : 0.0f)) : 0u;
+                key[i] = 0u;
+                if (32 * i >= m.E) continue;  // (uniform: E = 256 reads 8 keys per lane, not 16)
+                if (e < m.E) key[i] = router_key(logit(e) * scale + (route.bias ? route.bias[e] : 0.0f));
             }
             int chosen[k_max_topk];
             float val[k_max_topk];
-            warp_topk_select(key, m.k, chosen, val);
+            warp_topk_select(key, m.E, m.k, chosen, val);
 #pragma unroll
             for (int j = 0; j < k_max_topk; j++)
                 if (j < m.k && lane == j) my_id = chosen[j], my_val = val[j];

@@ -16,28 +16,47 @@ constexpr int k_topk_per_lane = k_max_experts / 32;
 __device__ __forceinline__ uint32_t router_key(float logit_plus_bias) { return order_key(logit_plus_bias, 1u); }
 
 // One warp, one token: the top-k of the keys (lane l holds experts l + 32 i as router_key(logit + bias), 0 for
-// padding), ties to the lower id (what a sequential arg-max picks). Every lane ends with the ids and their
-// logits (+ bias). Each round is two warp reductions (redux.sync), not shuffles.
-__device__ __forceinline__ void warp_topk_select(uint32_t (&v)[k_topk_per_lane], int k, int (&chosen)[k_max_topk],
-                                                 float (&val)[k_max_topk]) {
+// padding; only i < PL are read: E <= 32 PL), ties to the lower id (what a sequential arg-max picks). Every lane
+// ends with the ids and their logits (+ bias). Each lane keeps its own best key and the lowest index holding it: a
+// round is two warp reductions (redux.sync) and one rescan of the lane's PL keys.
+// note: the previous form rescanned all 16 keys three times per round (~75 instructions per round and warp, with
+// 16 warps per SM all selecting: ~1.3 us of issue on gate/up's critical path per layer, by its SASS). The per-lane
+// count is a template so the loops unroll without a runtime exit (one with `if (i >= groups) break` made ptxas
+// spill the gate/up kernel).
+template <int PL>
+__device__ __forceinline__ void warp_topk_select_pl(uint32_t (&v)[k_topk_per_lane], int k, int (&chosen)[k_max_topk],
+                                                    float (&val)[k_max_topk]) {
+    static_assert(PL <= k_topk_per_lane, "keys per lane");
     const int lane = threadIdx.x % 32;
+    uint32_t b = 0;  // the lane's best key, at its lowest index bi
+    int bi = 0;
+    auto rescan = [&] {
+        b = 0, bi = 0;
+#pragma unroll
+        for (int i = 0; i < PL; i++)
+            if (v[i] > b) b = v[i], bi = i;  // strictly greater: the lowest index among equal keys
+    };
+    rescan();
 #pragma unroll
     for (int j = 0; j < k_max_topk; j++) {
         if (j >= k) break;
-        uint32_t best = 0;
+        const uint32_t best = __reduce_max_sync(0xffffffffu, b);
+        const int id = __reduce_min_sync(0xffffffffu, b == best ? lane + 32 * bi : INT_MAX);
+        chosen[j] = id, val[j] = key_value(best);
+        // the winning lane's key is taken; every lane rescans (no divergent branch: a warp would issue the
+        // winning lane's rescan once either way)
+        const bool won = id == lane + 32 * bi;
 #pragma unroll
-        for (int i = 0; i < k_topk_per_lane; i++) best = max(best, v[i]);
-        best = __reduce_max_sync(0xffffffffu, best);
-        int bi = INT_MAX;
-#pragma unroll
-        for (int i = k_topk_per_lane - 1; i >= 0; i--)  // descending, so the lane's lowest matching id is kept
-            if (v[i] == best) bi = lane + 32 * i;
-        bi = __reduce_min_sync(0xffffffffu, bi);
-#pragma unroll
-        for (int i = 0; i < k_topk_per_lane; i++)
-            if (lane + 32 * i == bi) v[i] = 0u;  // taken
-        chosen[j] = bi, val[j] = key_value(best);
+        for (int i = 0; i < PL; i++) v[i] = won && i == bi ? 0u : v[i];
+        rescan();
     }
+}
+
+// warp_topk_select_pl with the fewest keys per lane that hold E experts (the real model's 256: 8).
+__device__ __forceinline__ void warp_topk_select(uint32_t (&v)[k_topk_per_lane], int E, int k, int (&chosen)[k_max_topk],
+                                                 float (&val)[k_max_topk]) {
+    if (E <= 8 * 32) warp_topk_select_pl<8>(v, k, chosen, val);
+    else warp_topk_select_pl<k_topk_per_lane>(v, k, chosen, val);
 }
 
 // The same from E logits in memory (+ bias, optional), with the softmax over the selected logits (== the full
@@ -52,7 +71,7 @@ __device__ __forceinline__ void warp_topk(const float* l, const float* bias, int
         v[i] = e < E ? router_key(l[e] + (bias ? bias[e] : 0.0f)) : 0u;
     }
     float val[k_max_topk];
-    warp_topk_select(v, k, chosen, val);
+    warp_topk_select(v, E, k, chosen, val);
     float sum = 0;
 #pragma unroll
     for (int j = 0; j < k_max_topk; j++)
