@@ -44,7 +44,11 @@ __device__ __forceinline__ bool row_in_prefill(const attn_params& p, int t) {
 
 // One (position, KV head) row of the FP8 cache from the warp's DH values (DPL per lane): the power-of-two scale
 // of the row's largest magnitude (core/fp8.h) and the E4M3 codes, rounded to nearest even as kv8_round does.
-__device__ __forceinline__ void store_kv8(uint8_t* dst, float* scale, const float (&x)[DPL], int lane) {
+struct kv8_row {
+    uint2 codes;  // the lane's DPL codes, first value in the low byte
+    float scale;
+};
+__device__ __forceinline__ kv8_row encode_kv8(const float (&x)[DPL]) {
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < DPL; i++) amax = fmaxf(amax, fabsf(x[i]));
@@ -57,8 +61,53 @@ __device__ __forceinline__ void store_kv8(uint8_t* dst, float* scale, const floa
 #pragma unroll
     for (int i = 0; i < DPL; i++)
         w[i / 4] |= (uint32_t)__nv_cvt_float_to_fp8(x[i] * inv, __NV_SATFINITE, __NV_E4M3) << (8 * (i % 4));
-    *reinterpret_cast<uint2*>(dst + lane * DPL) = make_uint2(w[0], w[1]);
-    if (lane == 0) *scale = __int_as_float((127 + e) << 23);
+    return {make_uint2(w[0], w[1]), __int_as_float((127 + e) << 23)};
+}
+__device__ __forceinline__ void store_kv8(uint8_t* dst, float* scale, const kv8_row& r, int lane) {
+    *reinterpret_cast<uint2*>(dst + lane * DPL) = r.codes;
+    if (lane == 0) *scale = r.scale;
+}
+// A row's values as the cache holds them (what a tile gives the mma): code times scale, exact in fp32.
+__device__ __forceinline__ void decode_kv8(const kv8_row& r, float (&x)[DPL]) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        const uint32_t w = i < 4 ? r.codes.x : r.codes.y;
+        const __half h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)((w >> (8 * (i % 4))) & 0xFFu), __NV_E4M3);
+        x[i] = __half2float(h) * r.scale;
+    }
+}
+
+// A head's DH values at src (lane * DPL + i per lane) into v.
+__device__ __forceinline__ void load_head(float (&v)[DPL], const float* src, int lane) {
+    const float4 a = *reinterpret_cast<const float4*>(src + lane * DPL);
+    const float4 b = *reinterpret_cast<const float4*>(src + lane * DPL + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// RMS norm with weights nw, then the partial RoPE at position pos (MODEL.md §3), of one head held by the warp
+// (value lane * DPL + i in v[i]); sh: the warp's DH floats of scratch (the rotation pairs values of other lanes).
+__device__ __forceinline__ void norm_rope(float (&v)[DPL], const float* nw, const attn_params& p, int pos, float* sh,
+                                          int lane) {
+    float ss = 0;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) ss += v[i] * v[i];
+    const float inv = rsqrtf(warp_sum(ss) / (float)DH + p.eps);
+#pragma unroll
+    for (int i = 0; i < DPL; i++) sh[lane * DPL + i] = v[i] = v[i] * inv * nw[lane * DPL + i];
+    __syncwarp();
+    const int half = p.rope_dim / 2;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        const int d = lane * DPL + i;
+        if (d >= p.rope_dim) continue;
+        const int j = d < half ? d : d - half;
+        // angle in double: fp32 pos * freq loses radians at long context (MODEL.md §3 numerics)
+        const double ang = (double)pos * p.inv_freq[j];
+        const float r = (float)(ang - 6.283185307179586 * rint(ang * 0.15915494309189535));  // into [-pi, pi]
+        float sn, cs;
+        sincosf(r, &sn, &cs);
+        v[i] = d < half ? sh[d] * cs - sh[d + half] * sn : sh[d] * cs + sh[d - half] * sn;
+    }
 }
 
 __global__ void __launch_bounds__(k_warps * 32) prep_kernel(const attn_params p) {
@@ -72,51 +121,27 @@ __global__ void __launch_bounds__(k_warps * 32) prep_kernel(const attn_params p)
     const int pos = position_of(p, t, &s);
     const bool is_q = hi < p.Hq;
     const int kh = hi - p.Hq;
-    const float* src = is_q ? p.qg + (int64_t)t * p.Hq * 2 * DH + hi * 2 * DH : p.k + ((int64_t)t * p.Hkv + kh) * DH;
-    const float* nw = is_q ? p.q_norm : p.k_norm;
     float v[DPL];
-    float ss = 0;
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        v[i] = src[lane * DPL + i];
-        ss += v[i] * v[i];
-    }
-    const float inv = rsqrtf(warp_sum(ss) / (float)DH + p.eps);
-#pragma unroll
-    for (int i = 0; i < DPL; i++) sh[warp][lane * DPL + i] = v[i] = v[i] * inv * nw[lane * DPL + i];
-    __syncwarp();
-    const int half = p.rope_dim / 2;
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        const int d = lane * DPL + i;
-        if (d >= p.rope_dim) continue;
-        const int j = d < half ? d : d - half;
-        // angle in double: fp32 pos * freq loses radians at long context (MODEL.md §3 numerics)
-        const double ang = (double)pos * p.inv_freq[j];
-        const float r = (float)(ang - 6.283185307179586 * rint(ang * 0.15915494309189535));  // into [-pi, pi]
-        float sn, cs;
-        sincosf(r, &sn, &cs);
-        v[i] = d < half ? sh[warp][d] * cs - sh[warp][d + half] * sn : sh[warp][d] * cs + sh[warp][d - half] * sn;
-    }
+    load_head(v, is_q ? p.qg + (int64_t)t * p.Hq * 2 * DH + hi * 2 * DH : p.k + ((int64_t)t * p.Hkv + kh) * DH, lane);
+    norm_rope(v, is_q ? p.q_norm : p.k_norm, p, pos, sh[warp], lane);
     if (is_q) {
 #pragma unroll
         for (int i = 0; i < DPL; i++) p.q[((int64_t)t * p.Hq + hi) * DH + lane * DPL + i] = v[i];
-    } else if (p.shape.kv8) {
+        return;
+    }
+    float w[DPL];
+    load_head(w, p.v + ((int64_t)t * p.Hkv + kh) * DH, lane);
+    if (p.shape.kv8) {
         const int64_t row = (int64_t)pos * p.shape.kvd + kh * DH, srow = (int64_t)pos * p.shape.hkv + kh;
-        const float* vs = p.v + ((int64_t)t * p.Hkv + kh) * DH;
-        float w[DPL];
-#pragma unroll
-        for (int i = 0; i < DPL; i++) w[i] = vs[lane * DPL + i];
-        store_kv8(kv8_k(s, p.shape, p.slot) + row, kv8_ks(s, p.shape, p.slot) + srow, v, lane);
-        store_kv8(kv8_v(s, p.shape, p.slot) + row, kv8_vs(s, p.shape, p.slot) + srow, w, lane);
+        store_kv8(kv8_k(s, p.shape, p.slot) + row, kv8_ks(s, p.shape, p.slot) + srow, encode_kv8(v), lane);
+        store_kv8(kv8_v(s, p.shape, p.slot) + row, kv8_vs(s, p.shape, p.slot) + srow, encode_kv8(w), lane);
     } else {
         uint16_t* K = kv_k(s, p.shape, p.slot) + (int64_t)pos * p.shape.kvd + kh * DH;
         uint16_t* V = kv_v(s, p.shape, p.slot) + (int64_t)pos * p.shape.kvd + kh * DH;
-        const float* vs = p.v + ((int64_t)t * p.Hkv + kh) * DH;
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             K[lane * DPL + i] = float_to_bf16_bits(v[i]);
-            V[lane * DPL + i] = float_to_bf16_bits(vs[lane * DPL + i]);
+            V[lane * DPL + i] = float_to_bf16_bits(w[i]);
         }
     }
 }
@@ -135,6 +160,13 @@ __device__ __forceinline__ int split_len(int len, int n_splits) {
 // The warps' partials fold through shared memory into one per head for the combine kernel.
 // v3 (one warp per position, fp32 FMAs, a warp reduction per head and position) was bound by instruction issue:
 // ~350 instructions per position and KV head, 1.2 TB/s of KV cache at 128K on an H200.
+// v5: the tiles cover only the keys of earlier steps (positions < n_past), so they are requested before the PDL
+// wait, while prep runs; the keys of this step in the slice (the row's own, and those of earlier rows of its span:
+// prep appends them) are read from the cache after the wait and their contributions computed in fp32 as one more
+// partial of the fold. H200 (A/B, one session): 2K 618 -> 628 tok/s, 128K 436.5 -> 440.4.
+// (Tried: the split kernel doing prep's work for its rows instead, one launch less per layer: every block normed
+// and rotated its 8 query heads and the last slice's block this step's keys, on the critical path: the split took
+// 25 us alone instead of 11, 2K 618 -> 588 tok/s.)
 template <int G, int BN, bool KV8>
 struct split_cfg {
     // WARPS do the math, 16 keys of a tile each. With an FP8 cache as many again join in the copies and the
@@ -142,13 +174,17 @@ struct split_cfg {
     // latency-bound (Nsight Compute, H200: 107 us per layer at 128K, 4.1 cycles per issued instruction; 74 us
     // with both fixed).
     static constexpr int WARPS = BN / 16, THREADS = (KV8 ? 2 : 1) * WARPS * 32, LD = DH + 8;
+    static constexpr int ALL_WARPS = THREADS / 32, HEADS_PER_WARP = (8 + ALL_WARPS - 1) / ALL_WARPS;  // Q rows 0-7
     // an FP8 cache: 3 raw tiles in flight beside the one being converted (2 measured the same, 74-75 us per
     // layer at 128K on the H200: the math phase, ~2.3 us per 64-key tile with one math warp per scheduler,
     // bounds the kernel with either cache; converter warps that double-buffer the fp16 tiles meanwhile were
     // slower still, 80 us, branch wip/kv8-pipe)
     using tiles = kv_tiles<KV8, DH, THREADS, BN, 4>;
-    // sQ [16][LD] | the K/V tiles; after the loop the K/V space holds the fold's partials
-    static constexpr size_t SMEM = (size_t)16 * LD * sizeof(uint16_t) + tiles::SMEM;
+    // sQ [16][LD] 16-bit | this step's keys' partial: acc [G][DH], max [G], sum [G] fp32 | the K/V tiles; after
+    // the loop the K/V space holds the fold's partials
+    static constexpr size_t Q_BYTES = (size_t)16 * LD * sizeof(uint16_t);
+    static constexpr size_t NEW_BYTES = ((size_t)G * (DH + 2) * sizeof(float) + 15) / 16 * 16;
+    static constexpr size_t SMEM = Q_BYTES + NEW_BYTES + tiles::SMEM;
     static_assert(G <= 8, "two rows per query head");
     static_assert((size_t)WARPS * G * (DH + 2) * sizeof(float) <= tiles::SMEM, "fold space");
 };
@@ -156,47 +192,116 @@ struct split_cfg {
 template <int G, int BN, bool KV8>
 __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(const attn_params p) {
     using C = split_cfg<G, BN, KV8>;
-    constexpr int LD = C::LD, NT_O = DH / 8;
+    constexpr int LD = C::LD, NT_O = DH / 8, NW = C::ALL_WARPS;
     extern __shared__ __align__(16) uint16_t smem_kv[];
+    char* const smem = reinterpret_cast<char*>(smem_kv);
     uint16_t* sQ = smem_kv;
-    uint16_t* sKV = sQ + 16 * LD;
+    float* s_new_acc = reinterpret_cast<float*>(smem + C::Q_BYTES);  // this step's keys: [G][DH], then max, sum
+    float* s_new_m = s_new_acc + G * DH;
+    float* s_new_l = s_new_m + G;
     const int t = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    char* sKV = smem + C::Q_BYTES + C::NEW_BYTES;
     pdl_trigger();
-    pdl_wait();  // q and this token's K/V come from prep
-    if (row_in_prefill(p, t)) return;
-    dseq s;
-    const int len = position_of(p, t, &s) + 1;
+    // Before the wait: the batch's rows, spans and sequences are fixed while a graph of them replays, n_past and
+    // the cache below it were written by earlier steps (pdl_trigger in common.cuh)
+    if (row_in_prefill(p, t)) {
+        pdl_wait();
+        return;
+    }
+    const drow r = p.rows[t];
+    const dseq s = p.seqs[r.seq];
+    const int n_past = s.meta[0], pos = n_past + r.offset, len = pos + 1;
     const int S = split_len(len, p.n_splits);
     const int start = sp * S, end = min(len, start + S);
+    if (start >= end) {  // the combine kernel only reads the slices that exist
+        pdl_wait();
+        return;
+    }
+    const int cached_end = max(start, min(end, n_past)), new0 = max(start, n_past);  // [start, cached) [new0, end)
     const int64_t part0 = ((int64_t)t * p.Hq + kh * G) * p.n_splits + sp;  // + g * n_splits
-    if (start >= end) return;  // the combine kernel only reads the slices that exist
-    typename C::tiles kv = cache_tiles<typename C::tiles>(s, p.shape, p.slot, kh, reinterpret_cast<char*>(sKV), start, end);
+    typename C::tiles kv = cache_tiles<typename C::tiles>(s, p.shape, p.slot, kh, sKV, start, cached_end);
     const int n_tiles = kv.n_tiles;
     kv.start();
-    // Q rows: g < G the head in the tiles' 16-bit type (bf16, or fp16 for an FP8 cache), 8 + g its remainder
-    // (fp16: times k_q_lo_scale, clear of fp16's subnormals), the others zero
-    for (int c = threadIdx.x; c < 16 * DH / 4; c += C::THREADS) {
-        const int row = c / (DH / 4), d = (c % (DH / 4)) * 4, g = row % 8;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (g < G) v = *reinterpret_cast<const float4*>(p.q + ((int64_t)t * p.Hq + kh * G + g) * DH + d);
-        uint2 hi = make_uint2(pack_16bit<KV8>(v.x, v.y), pack_16bit<KV8>(v.z, v.w));
-        if (row >= 8 && p.q_bf16) {
-            hi = make_uint2(0u, 0u);
-        } else if (row >= 8) {
-            float4 r;
+    pdl_wait();  // q and this step's K/V come from prep
+    // Q rows: g < G the head in the tiles' 16-bit type (bf16, or fp16 for an FP8 cache), 8 + g its
+    // remainder (fp16: times k_q_lo_scale, clear of fp16's subnormals), the others zero. qe: the query the two
+    // rows hold, for this step's keys.
+    float qe[C::HEADS_PER_WARP][DPL];
+#pragma unroll
+    for (int j = 0; j < C::HEADS_PER_WARP; j++) {
+        const int g = warp + j * NW;
+        if (g >= 8) break;
+        float v[DPL] = {};
+        if (g < G) load_head(v, p.q + ((int64_t)t * p.Hq + kh * G + g) * DH, lane);
+        uint32_t hi[DPL / 2], lo[DPL / 2];
+#pragma unroll
+        for (int i = 0; i < DPL / 2; i++) {
+            hi[i] = pack_16bit<KV8>(v[2 * i], v[2 * i + 1]);
+            float h0, h1;
             if constexpr (KV8) {
-                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&hi.x));
-                const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi.y));
-                r = make_float4((v.x - a.x) * k_q_lo_scale, (v.y - a.y) * k_q_lo_scale, (v.z - b.x) * k_q_lo_scale,
-                                (v.w - b.y) * k_q_lo_scale);
+                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&hi[i]));
+                h0 = a.x, h1 = a.y;
             } else {
-                r = make_float4(v.x - __uint_as_float(hi.x << 16), v.y - __uint_as_float(hi.x & 0xFFFF0000u),
-                                v.z - __uint_as_float(hi.y << 16), v.w - __uint_as_float(hi.y & 0xFFFF0000u));
+                h0 = __uint_as_float(hi[i] << 16), h1 = __uint_as_float(hi[i] & 0xFFFF0000u);
             }
-            hi = make_uint2(pack_16bit<KV8>(r.x, r.y), pack_16bit<KV8>(r.z, r.w));
+            const float r0 = v[2 * i] - h0, r1 = v[2 * i + 1] - h1;
+            lo[i] = p.q_bf16 ? 0u : KV8 ? pack_16bit<KV8>(r0 * k_q_lo_scale, r1 * k_q_lo_scale) : pack_16bit<KV8>(r0, r1);
+            float l0, l1;
+            if constexpr (KV8) {
+                const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&lo[i]));
+                l0 = b.x * (1.0f / k_q_lo_scale), l1 = b.y * (1.0f / k_q_lo_scale);
+            } else {
+                l0 = __uint_as_float(lo[i] << 16), l1 = __uint_as_float(lo[i] & 0xFFFF0000u);
+            }
+            qe[j][2 * i] = h0 + l0, qe[j][2 * i + 1] = h1 + l1;
         }
-        *reinterpret_cast<uint2*>(sQ + row * LD + d) = hi;
+        *reinterpret_cast<uint4*>(sQ + g * LD + lane * DPL) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *reinterpret_cast<uint4*>(sQ + (g + 8) * LD + lane * DPL) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+    // This step's keys in the slice (positions new0 .. end-1), as prep appended them: scores and weights in fp32
+    // (the rows' values are exact in fp32); one partial per head, in natural units as the fold's.
+    const bool has_new = new0 < end;
+    if (has_new) {
+#pragma unroll
+        for (int j = 0; j < C::HEADS_PER_WARP; j++) {
+            const int g = warp + j * NW;
+            if (g >= G) break;
+            float nm = -INFINITY, nl = 0.0f, na[DPL] = {};
+            for (int P = new0; P < end; P++) {
+                float kx[DPL], vx[DPL];
+                if (p.shape.kv8) {
+                    const int64_t row = (int64_t)P * p.shape.kvd + kh * DH, srow = (int64_t)P * p.shape.hkv + kh;
+                    const kv8_row ek = {*reinterpret_cast<const uint2*>(kv8_k(s, p.shape, p.slot) + row + lane * DPL),
+                                        kv8_ks(s, p.shape, p.slot)[srow]};
+                    const kv8_row ev = {*reinterpret_cast<const uint2*>(kv8_v(s, p.shape, p.slot) + row + lane * DPL),
+                                        kv8_vs(s, p.shape, p.slot)[srow]};
+                    decode_kv8(ek, kx), decode_kv8(ev, vx);
+                } else {
+                    const int64_t off = (int64_t)P * p.shape.kvd + kh * DH + lane * DPL;
+                    const uint4 kb = *reinterpret_cast<const uint4*>(kv_k(s, p.shape, p.slot) + off);
+                    const uint4 vb = *reinterpret_cast<const uint4*>(kv_v(s, p.shape, p.slot) + off);
+                    const uint32_t kw[4] = {kb.x, kb.y, kb.z, kb.w}, vw[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+                    for (int i = 0; i < DPL / 2; i++) {
+                        kx[2 * i] = __uint_as_float(kw[i] << 16), kx[2 * i + 1] = __uint_as_float(kw[i] & 0xFFFF0000u);
+                        vx[2 * i] = __uint_as_float(vw[i] << 16), vx[2 * i + 1] = __uint_as_float(vw[i] & 0xFFFF0000u);
+                    }
+                }
+                float d = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) d = fmaf(qe[j][i], kx[i], d);
+                const float x = warp_sum(d) * rsqrtf((float)DH);
+                const float mn = fmaxf(nm, x), corr = __expf(nm - mn), pe = __expf(x - mn);  // nm = -inf: corr 0
+                nl = nl * corr + pe;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) na[i] = fmaf(pe, vx[i], na[i] * corr);
+                nm = mn;
+            }
+#pragma unroll
+            for (int i = 0; i < DPL; i++) s_new_acc[g * DH + lane * DPL + i] = na[i];
+            if (lane == 0) s_new_m[g] = nm, s_new_l[g] = nl;
+        }
     }
     // ldmatrix lane addresses (as attention_prefill): A = Q rows, B = this warp's 16 keys of a tile
     const uint16_t* q_lane = sQ + (lane % 16) * LD + (lane / 16) * 8;
@@ -238,7 +343,7 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
             for (int e = 0; e < 2; e++) {
                 float v = KV8 ? (sc[j][e] + sc[j][2 + e] * (1.0f / k_q_lo_scale)) * kv.k_scale[kin + 8 * j + e]
                               : sc[j][e] + sc[j][2 + e];
-                x[2 * j + e] = kbase + 8 * j + e < end ? v : -INFINITY;
+                x[2 * j + e] = kbase + 8 * j + e < cached_end ? v : -INFINITY;
             }
         float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -287,9 +392,13 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
     __syncthreads();
     for (int gd = threadIdx.x; gd < G * DH; gd += C::THREADS) {
         const int hg = gd / DH, d = gd % DH;
-        float M = -INFINITY;
+        float M = has_new ? s_new_m[hg] : -INFINITY;
         for (int w = 0; w < C::WARPS; w++) M = fmaxf(M, s_m[w * G + hg]);
         float L = 0, acc = 0;
+        if (has_new) {
+            const float f = __expf(s_new_m[hg] - M);
+            L = s_new_l[hg] * f, acc = s_new_acc[hg * DH + d] * f;
+        }
         for (int w = 0; w < C::WARPS; w++) {
             const float mw = s_m[w * G + hg];
             if (mw == -INFINITY) continue;  // a warp that saw no position
