@@ -84,30 +84,42 @@ __device__ __forceinline__ void load_head(float (&v)[DPL], const float* src, int
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// RMS norm with weights nw, then the partial RoPE at position pos (MODEL.md §3), of one head held by the warp
+// The partial RoPE's rotation at position pos for the lane's values (lane * DPL + i): cos and sin of value i's
+// angle, 1 and 0 past rope_dim. Independent of the activations: prep computes it before its PDL wait.
+__device__ __forceinline__ void rope_angles(const attn_params& p, int pos, int lane, float (&cs)[DPL], float (&sn)[DPL]) {
+    const int half = p.rope_dim / 2;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        const int d = lane * DPL + i;
+        cs[i] = 1.0f, sn[i] = 0.0f;
+        if (d >= p.rope_dim) continue;
+        const int j = d < half ? d : d - half;
+        // angle in double: fp32 pos * freq loses radians at long context (MODEL.md §3 numerics)
+        const double ang = (double)pos * p.inv_freq[j];
+        const float r = (float)(ang - 6.283185307179586 * rint(ang * 0.15915494309189535));  // into [-pi, pi]
+        sincosf(r, &sn[i], &cs[i]);
+    }
+}
+
+// RMS norm with weights w (the lane's DPL of them), then the rotation (rope_angles), of one head held by the warp
 // (value lane * DPL + i in v[i]); sh: the warp's DH floats of scratch (the rotation pairs values of other lanes).
-__device__ __forceinline__ void norm_rope(float (&v)[DPL], const float* nw, const attn_params& p, int pos, float* sh,
-                                          int lane) {
+__device__ __forceinline__ void norm_rope(float (&v)[DPL], const float (&w)[DPL], const float (&cs)[DPL],
+                                          const float (&sn)[DPL], const attn_params& p, float* sh, int lane) {
     float ss = 0;
 #pragma unroll
     for (int i = 0; i < DPL; i++) ss += v[i] * v[i];
     const float inv = rsqrtf(warp_sum(ss) / (float)DH + p.eps);
 #pragma unroll
-    for (int i = 0; i < DPL; i++) sh[lane * DPL + i] = v[i] = v[i] * inv * nw[lane * DPL + i];
+    for (int i = 0; i < DPL; i++) sh[lane * DPL + i] = v[i] = v[i] * inv * w[i];
     __syncwarp();
     const int half = p.rope_dim / 2;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         const int d = lane * DPL + i;
         if (d >= p.rope_dim) continue;
-        const int j = d < half ? d : d - half;
-        // angle in double: fp32 pos * freq loses radians at long context (MODEL.md §3 numerics)
-        const double ang = (double)pos * p.inv_freq[j];
-        const float r = (float)(ang - 6.283185307179586 * rint(ang * 0.15915494309189535));  // into [-pi, pi]
-        float sn, cs;
-        sincosf(r, &sn, &cs);
-        v[i] = d < half ? sh[d] * cs - sh[d + half] * sn : sh[d] * cs + sh[d - half] * sn;
+        v[i] = d < half ? v[i] * cs[i] - sh[d + half] * sn[i] : v[i] * cs[i] + sh[d - half] * sn[i];
     }
+    __syncwarp();  // sh is free for the warp's next head
 }
 
 __global__ void __launch_bounds__(k_warps * 32) prep_kernel(const attn_params p) {
@@ -115,15 +127,22 @@ __global__ void __launch_bounds__(k_warps * 32) prep_kernel(const attn_params p)
     const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int hi = blockIdx.y * k_warps + warp;
     pdl_trigger();
-    pdl_wait();  // q/k/v come from the projection kernel
-    if (hi >= p.Hq + p.Hkv) return;
+    if (hi >= p.Hq + p.Hkv) {
+        pdl_wait();
+        return;
+    }
+    // before the wait: the position (the batch is fixed, n_past from earlier steps), the norm's weights and the
+    // rotation, so that after it the kernel is one L2 round trip and arithmetic
     dseq s;
     const int pos = position_of(p, t, &s);
     const bool is_q = hi < p.Hq;
     const int kh = hi - p.Hq;
-    float v[DPL];
+    float v[DPL], nw[DPL], cs[DPL], sn[DPL];
+    load_head(nw, is_q ? p.q_norm : p.k_norm, lane);
+    rope_angles(p, pos, lane, cs, sn);
+    pdl_wait();  // q/k/v come from the projection kernel
     load_head(v, is_q ? p.qg + (int64_t)t * p.Hq * 2 * DH + hi * 2 * DH : p.k + ((int64_t)t * p.Hkv + kh) * DH, lane);
-    norm_rope(v, is_q ? p.q_norm : p.k_norm, p, pos, sh[warp], lane);
+    norm_rope(v, nw, cs, sn, p, sh[warp], lane);
     if (is_q) {
 #pragma unroll
         for (int i = 0; i < DPL; i++) p.q[((int64_t)t * p.Hq + hi) * DH + lane * DPL + i] = v[i];
@@ -223,7 +242,23 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
     typename C::tiles kv = cache_tiles<typename C::tiles>(s, p.shape, p.slot, kh, sKV, start, cached_end);
     const int n_tiles = kv.n_tiles;
     kv.start();
+    const bool has_new = new0 < end, own = end == len;  // this step's keys in the slice; among them the row's own
     pdl_wait();  // q and this step's K/V come from prep
+    // the row's own K/V (cache, as prep appended them) requested with q: one L2 round trip for both
+    uint4 k_own = {}, v_own = {};  // bf16: 8 values; FP8: codes in .x .y, the scale's bits in .z
+    if (own) {
+        if (p.shape.kv8) {
+            const int64_t row = (int64_t)pos * p.shape.kvd + kh * DH + lane * DPL, srow = (int64_t)pos * p.shape.hkv + kh;
+            const uint2 kc = *reinterpret_cast<const uint2*>(kv8_k(s, p.shape, p.slot) + row);
+            const uint2 vc = *reinterpret_cast<const uint2*>(kv8_v(s, p.shape, p.slot) + row);
+            k_own = make_uint4(kc.x, kc.y, __float_as_uint(kv8_ks(s, p.shape, p.slot)[srow]), 0u);
+            v_own = make_uint4(vc.x, vc.y, __float_as_uint(kv8_vs(s, p.shape, p.slot)[srow]), 0u);
+        } else {
+            const int64_t off = (int64_t)pos * p.shape.kvd + kh * DH + lane * DPL;
+            k_own = *reinterpret_cast<const uint4*>(kv_k(s, p.shape, p.slot) + off);
+            v_own = *reinterpret_cast<const uint4*>(kv_v(s, p.shape, p.slot) + off);
+        }
+    }
     // Q rows: g < G the head in the tiles' 16-bit type (bf16, or fp16 for an FP8 cache), 8 + g its
     // remainder (fp16: times k_q_lo_scale, clear of fp16's subnormals), the others zero. qe: the query the two
     // rows hold, for this step's keys.
@@ -261,7 +296,6 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
     }
     // This step's keys in the slice (positions new0 .. end-1), as prep appended them: scores and weights in fp32
     // (the rows' values are exact in fp32); one partial per head, in natural units as the fold's.
-    const bool has_new = new0 < end;
     if (has_new) {
 #pragma unroll
         for (int j = 0; j < C::HEADS_PER_WARP; j++) {
@@ -272,15 +306,17 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
                 float kx[DPL], vx[DPL];
                 if (p.shape.kv8) {
                     const int64_t row = (int64_t)P * p.shape.kvd + kh * DH, srow = (int64_t)P * p.shape.hkv + kh;
-                    const kv8_row ek = {*reinterpret_cast<const uint2*>(kv8_k(s, p.shape, p.slot) + row + lane * DPL),
-                                        kv8_ks(s, p.shape, p.slot)[srow]};
-                    const kv8_row ev = {*reinterpret_cast<const uint2*>(kv8_v(s, p.shape, p.slot) + row + lane * DPL),
-                                        kv8_vs(s, p.shape, p.slot)[srow]};
+                    const kv8_row ek = P == pos ? kv8_row{make_uint2(k_own.x, k_own.y), __uint_as_float(k_own.z)}
+                                                : kv8_row{*reinterpret_cast<const uint2*>(kv8_k(s, p.shape, p.slot) + row + lane * DPL),
+                                                          kv8_ks(s, p.shape, p.slot)[srow]};
+                    const kv8_row ev = P == pos ? kv8_row{make_uint2(v_own.x, v_own.y), __uint_as_float(v_own.z)}
+                                                : kv8_row{*reinterpret_cast<const uint2*>(kv8_v(s, p.shape, p.slot) + row + lane * DPL),
+                                                          kv8_vs(s, p.shape, p.slot)[srow]};
                     decode_kv8(ek, kx), decode_kv8(ev, vx);
                 } else {
                     const int64_t off = (int64_t)P * p.shape.kvd + kh * DH + lane * DPL;
-                    const uint4 kb = *reinterpret_cast<const uint4*>(kv_k(s, p.shape, p.slot) + off);
-                    const uint4 vb = *reinterpret_cast<const uint4*>(kv_v(s, p.shape, p.slot) + off);
+                    const uint4 kb = P == pos ? k_own : *reinterpret_cast<const uint4*>(kv_k(s, p.shape, p.slot) + off);
+                    const uint4 vb = P == pos ? v_own : *reinterpret_cast<const uint4*>(kv_v(s, p.shape, p.slot) + off);
                     const uint32_t kw[4] = {kb.x, kb.y, kb.z, kb.w}, vw[4] = {vb.x, vb.y, vb.z, vb.w};
 #pragma unroll
                     for (int i = 0; i < DPL / 2; i++) {
@@ -418,11 +454,12 @@ __global__ void __launch_bounds__(DH) combine_kernel(const attn_params p) {
     __shared__ float s_f[k_max_splits];
     __shared__ float s_inv_l;
     pdl_trigger();
-    pdl_wait();  // the partials come from split
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-    if (row_in_prefill(p, t)) return;
+    const bool skip = row_in_prefill(p, t);  // (the batch is fixed, n_past from earlier steps: before the wait)
     dseq s;
-    const int len = position_of(p, t, &s) + 1;
+    const int len = skip ? 0 : position_of(p, t, &s) + 1;
+    pdl_wait();  // the partials come from split
+    if (skip) return;
     const int S = split_len(len, p.n_splits), n_valid = (len + S - 1) / S;
     const int64_t part0 = ((int64_t)t * p.Hq + h) * p.n_splits;
     if (threadIdx.x < 32) {
