@@ -71,6 +71,10 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
     const float qscale = rsqrtf((float)DK);
     // qkv, b and a come from the projection
     pdl_wait();
+    // the first token's gate inputs requested at once with its qkv values (in the loop they followed the conv's
+    // loads: two L2 round trips)
+    float b0 = 0.0f, a0 = 0.0f;
+    if (tid == 0 && sp.n > 0) b0 = p.b[(int64_t)sp.row0 * p.Hv + h], a0 = p.a[(int64_t)sp.row0 * p.Hv + h];
 
     for (int r = 0; r < sp.n; r++) {
         const int row = sp.row0 + r;
@@ -84,8 +88,9 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
         s_q[tid] = qv, s_k[tid] = kv;  // row warp*32 + lane: read back by this warp only
         // 2. gates: beta = sigmoid(b), alpha = exp(-exp(A_log) softplus(a + dt_bias))
         if (tid == 0) {
-            s_scal[0] = sigmoidf_(p.b[(int64_t)row * p.Hv + h]);
-            s_scal[1] = expf(A * gdn_softplus(p.a[(int64_t)row * p.Hv + h] + dtb));
+            const float b = r == 0 ? b0 : p.b[(int64_t)row * p.Hv + h], a = r == 0 ? a0 : p.a[(int64_t)row * p.Hv + h];
+            s_scal[0] = sigmoidf_(b);
+            s_scal[1] = expf(A * gdn_softplus(a + dtb));
         }
         // 3. this warp's parts of |q|^2, |k|^2, q.k and of S^T k, S^T q over its 32 key rows (old state)
         const float sqq = warp_sum(qv * qv), skk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
@@ -138,12 +143,15 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
 __global__ void gated_norm_kernel(const gdn_params p) {
     __shared__ float scratch[32];
     pdl_trigger();
-    pdl_wait();  // o comes from the recurrence
     const int64_t rh = blockIdx.x;  // row * Hv + head
     const int j = threadIdx.x;
-    const float o = p.o[rh * p.dv + j];
+    const float w = p.norm_w[j];  // a weight: before the wait
+    pdl_wait();  // o comes from the recurrence
+    // z with o, before the reduction's barriers: loads are not moved across them, and z after the sum cost a
+    // second L2 round trip
+    const float o = p.o[rh * p.dv + j], gate = siluf_(p.z[rh * p.dv + j]);
     const float inv = rsqrtf(block_sum(o * o, scratch) / (float)p.dv + p.eps);
-    p.out[rh * p.dv + j] = o * inv * p.norm_w[j] * siluf_(p.z[rh * p.dv + j]);
+    p.out[rh * p.dv + j] = o * inv * w * gate;
 }
 
 }  // namespace
