@@ -51,9 +51,10 @@ void attention_prefill(const attn_params& p, cudaStream_t stream);
 // Forces attention_prefill's variant for the whole process (tests): query heads per CTA (1 or 2) and keys per
 // tile (32 or 64); 0 = the largest that the head grouping and the device's shared memory allow (the default).
 void force_attention_prefill_variant(int heads_per_cta, int block_n);
-// Context slices per (token, KV head) of the decode path: `fallback` unless a test forced another count
-// (force_attention_splits; 0 = none), so that short test contexts still give a block many key tiles.
-int attention_splits(int fallback);
+// Context slices per (row, KV head) of the decode path for a batch of `rows` rows: one wave of blocks over the
+// SMs, at most 64 (attention.cu), unless a test forced another count (force_attention_splits; 0 = none), so that
+// short test contexts still give a block many key tiles.
+int attention_splits(int rows, int kv_heads);
 void force_attention_splits(int n);
 
 }  // namespace tansy::cuda

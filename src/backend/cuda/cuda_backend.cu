@@ -223,9 +223,12 @@ class cuda_backend final : public backend {
         p.rows = rows_dev_.get(), p.seqs = seqs_dev_.get(), p.shape = batch_shape_, p.slot = slot;
         p.spans = spans_dev_.get(), p.n_spans = (int)spans.size();
         p.min_span = p.max_span = spans.empty() ? 0 : (int)spans[0].n;
-        for (const seq_span& s : spans)
+        int decode_rows = spans.empty() ? T : 0;  // the split kernel's rows (a prompt's go to attention_prefill)
+        for (const seq_span& s : spans) {
             p.min_span = std::min(p.min_span, (int)s.n), p.max_span = std::max(p.max_span, (int)s.n);
-        p.n_splits = attention_splits(k_attn_splits);
+            if (s.n < k_attn_prefill_min_rows) decode_rows += (int)s.n;
+        }
+        p.n_splits = attention_splits(decode_rows, p.Hkv);
         p.q_bf16 = !precise_gemm_;  // fast mode: decode's scores as attention_prefill computes them
         p.q = ws_q_.ensure((size_t)T * p.Hq * p.dh);
         // note: the split partials take 1 MB per row (real shapes); a batch of long spans only (a prompt)
@@ -588,9 +591,6 @@ class cuda_backend final : public backend {
     uint64_t epoch_ = 0, synth_seed_ = 1;
     float synth_skew_ = 0.0f;
     bool precise_gemm_ = false;
-    // most context slices per (token, KV head); blocks past the end exit. note: 256 for long contexts measured
-    // slower on the H200 (128K: 215 -> 200 tok/s; more partials to write and fold, no gain in streaming)
-    static constexpr int k_attn_splits = 64;
     cudaGraphExec_t graph_exec_ = nullptr;
 
     std::vector<drow> rows_cache_;
