@@ -5,6 +5,9 @@
 #   gtest: FILTER='cuda_gemm*' [MEMCHECK=1] scripts/device.sh gtest
 #   ab:    AB_PATCH=.carry/change.patch AB_REVERSE=1 scripts/device.sh ab --contexts 2048 --batches none --prompts none
 #          AB_ENV='TANSY_DECODE_INT8=0' scripts/device.sh ab   (B: the same binary under that environment)
+#          AB_TEST_FILTER='cuda_ops.*:cuda_attention*' also runs those CUDA tests on the patched tree (B)
+#   ab-list: AB_LIST='post-wait-loads post-wait-loads+gdn-norm-in-out-proj' scripts/device.sh ab-list [bench args]
+#          one ab per item against this tree; an item names docs/experiments patches, '+' applies them in order
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -105,7 +108,8 @@ if [ "$what" = ab ]; then
   else
     [ -f "${AB_PATCH:-}" ] || { echo "ab: set AB_PATCH to a patch file (or AB_ENV)"; exit 1; }
     rm -rf /tmp/ab && mkdir -p /tmp/ab && tar --exclude='./build*' --exclude=./.carry --exclude=./.git --exclude="./$OUT" -cf - . | tar -xf - -C /tmp/ab
-    (cd /tmp/ab && patch -p1 -s ${AB_REVERSE:+-R} < "$OLDPWD/$AB_PATCH") || { echo "ab: the patch does not apply"; exit 1; }
+    pf=$AB_PATCH; case $pf in /*) ;; *) pf=$PWD/$pf ;; esac
+    (cd /tmp/ab && patch -p1 -s ${AB_REVERSE:+-R} < "$pf") || { echo "ab: the patch does not apply"; exit 1; }
     cmake -S /tmp/ab -B /tmp/ab/build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" -DTANSY_GTEST_SOURCE="$deps/googletest-src" \
       -DTANSY_CUDA_ARCHS=90 > "$OUT/configure-b.log" 2>&1 && cmake --build /tmp/ab/build-dev -j 16 --target tansy > "$OUT/build-b.log" 2>&1 \
       || { grep -E "error" -A5 "$OUT/build-b.log" | head -40; exit 1; }
@@ -120,6 +124,21 @@ if [ "$what" = ab ]; then
       timeout 200 $bin bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json --steps 16 --runs 5 "${args[@]}" 2>&1 \
         | grep -E "^ *batch +[0-9]+ context|prompt +[0-9]+:"
     done
+  done
+fi
+if [ "$what" = ab ] && [ -n "${AB_TEST_FILTER:-}" ] && [ -z "${AB_ENV:-}" ]; then
+  cmake --build /tmp/ab/build-dev -j 16 --target tansy_cuda_tests > "$OUT/build-b-tests.log" 2>&1 \
+    || { grep -E "error" -A5 "$OUT/build-b-tests.log" | head -40; exit 1; }
+  timeout ${GTEST_TIMEOUT:-300} /tmp/ab/build-dev/tests/tansy_cuda_tests --gtest_filter="$AB_TEST_FILTER" > "$OUT/gtest-b.log" 2>&1 || rc=1
+  grep -E "^\[  (FAILED|PASSED) |^\[  SKIPPED \] [0-9]|Failure|Expected|Which is" "$OUT/gtest-b.log" | head -30
+fi
+if [ "$what" = ab-list ]; then
+  for item in ${AB_LIST:?set AB_LIST}; do
+    echo "######## $item"
+    patch_file="$OUT/$(echo "$item" | tr '+' '_').patch"
+    : > "$patch_file"
+    for name in $(echo "$item" | tr '+' ' '); do cat "docs/experiments/$name.patch" >> "$patch_file" || exit 1; done
+    OUT="$OUT/$(echo "$item" | tr '+' '_')" AB_PATCH="$patch_file" "$0" ab "$@" | grep -vE "^NVIDIA|^build" || rc=1
   done
 fi
 if [ "$what" = tokenizer ] || [ "$what" = all ]; then
