@@ -37,6 +37,13 @@ struct seq_twin {
     std::unique_ptr<seq_state> c, g;
 };
 
+// n fresh sequences on both backends.
+std::vector<seq_twin> fresh_seqs(pair_of_backends& p, size_t n) {
+    std::vector<seq_twin> seqs(n);
+    for (seq_twin& s : seqs) s.c = p.cpu->new_state(k_capacity), s.g = p.gpu->new_state(k_capacity);
+    return seqs;
+}
+
 // Relative Frobenius error of each row of got [rows, cols] against ref; returns the worst and its row.
 double worst_row_error(const std::vector<float>& got, const std::vector<float>& ref, int64_t row0, int64_t rows,
                        int64_t cols, int64_t* worst) {
@@ -84,8 +91,7 @@ void step(pair_of_backends& p, std::vector<seq_twin>& seqs, const std::vector<st
 }
 
 void check_prefill(pair_of_backends& p) {
-    std::vector<seq_twin> seqs(5);
-    for (seq_twin& s : seqs) s.c = p.cpu->new_state(k_capacity), s.g = p.gpu->new_state(k_capacity);
+    std::vector<seq_twin> seqs = fresh_seqs(p, 5);
     uint32_t seed = 5000;
     const int th = cuda::k_attn_prefill_min_rows;
     // 5 tiles, the last of 44 rows; the key tiles line up with the query tiles
@@ -159,8 +165,7 @@ TEST(cuda_attention_prefill, decode_slices) {
             SCOPED_TRACE(std::to_string(splits) + " slices, " + (precise ? "precise" : "fast") + (fp8 ? ", fp8 cache" : ""));
             cuda::force_attention_splits(splits);
             auto p = make_pair(real_config(), precise, fp8);
-            std::vector<seq_twin> seqs(2);
-            for (seq_twin& st : seqs) st.c = p->cpu->new_state(k_capacity), st.g = p->gpu->new_state(k_capacity);
+            std::vector<seq_twin> seqs = fresh_seqs(*p, 2);
             uint32_t seed = 7000;
             step(*p, seqs, {{0, 60}, {1, 130}}, seed, "prompts of 60 and 130 rows");
             step(*p, seqs, {{0, 8}, {1, 5}}, seed, "spans of 8 (positions 60-67) and 5 (130-134)");
@@ -176,8 +181,7 @@ constexpr double TOL_K8_FLIPS = 1e-3;  // fraction of K values; measured 0 .. fe
 TEST(cuda_attention_prefill, fp8_cache_rows) {
     TANSY_REQUIRE_GPU();
     auto p = make_pair(real_config(), false, true);
-    std::vector<seq_twin> seqs(2);
-    for (seq_twin& s : seqs) s.c = p->cpu->new_state(k_capacity), s.g = p->gpu->new_state(k_capacity);
+    std::vector<seq_twin> seqs = fresh_seqs(*p, 2);
     uint32_t seed = 9000;
     step(*p, seqs, {{0, 77}, {1, 1}}, seed, "77-row prompt + token");
     step(*p, seqs, {{0, 1}, {1, 1}}, seed, "decode tokens");
