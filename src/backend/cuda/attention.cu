@@ -210,9 +210,10 @@ __device__ __forceinline__ int split_len(int len, int n_splits) {
 // wait, while prep runs; the keys of this step in the slice (the row's own, and those of earlier rows of its span:
 // prep appends them) are read from the cache after the wait and their contributions computed in fp32 as one more
 // partial of the fold. H200 (A/B, one session): 2K 618 -> 628 tok/s, 128K 436.5 -> 440.4.
-// v6: prep loads its norm weights and computes the rotation before its PDL wait (after it: one L2 round trip and
-// arithmetic, where the weights and inv_freq were two more dependent ones), the split kernel requests the row's
-// own K/V with q, the combine finds its positions before the wait: 2K 628 -> 646 tok/s, 128K 440 -> 451.
+// v6: prep finds its position, loads its norm weights and computes the rotation before its PDL wait (after it:
+// one L2 round trip and arithmetic, where the position's row -> sequence -> n_past loads and then inv_freq were
+// four dependent ones), the split kernel requests the row's own K/V with q, the combine finds its position before
+// the wait: 2K 628 -> 646 tok/s, 128K 440 -> 451.
 // (Tried, docs/experiments: the split kernel doing prep's work for its rows, one launch less per layer: every
 // block norms and rotates its 8 query heads and the last slice's block this step's keys, on the critical path;
 // first form 25 us alone instead of 11 (2K 618 -> 588 tok/s), with weights and rotation before the wait and one
