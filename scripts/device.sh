@@ -8,6 +8,9 @@
 #          AB_TEST_FILTER='cuda_ops.*:cuda_attention*' also runs those CUDA tests on the patched tree (B)
 #   ab-list: AB_LIST='post-wait-loads post-wait-loads+gdn-norm-in-out-proj' scripts/device.sh ab-list [bench args]
 #          one ab per item against this tree; an item names docs/experiments patches, '+' applies them in order
+#   ab-multi: AB_LIST=... [AB_TEST_FILTER=...] scripts/device.sh ab-multi [bench args]
+#          the same items, cheaper: each variant is an incremental rebuild of this tree with its patches applied
+#          in place (then reverted), and the benches alternate over all variants (A B1 B2 ..) ${AB_ROUNDS:-2} times
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -19,6 +22,7 @@ t0=$(date +%s)
 cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" \
   -DTANSY_GTEST_SOURCE="$deps/googletest-src" -DTANSY_CUDA_ARCHS=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 target=all; [ "$what" = gtest ] && target=tansy_cuda_tests
+[ "$what" = ab-multi ] && target="tansy${AB_TEST_FILTER:+ tansy_cuda_tests}"
 cmake --build build-dev -j 16 --target $target > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 rc=0
@@ -140,6 +144,41 @@ if [ "$what" = ab-list ]; then
     for name in $(echo "$item" | tr '+' ' '); do cat "docs/experiments/$name.patch" >> "$patch_file" || exit 1; done
     OUT="$OUT/$(echo "$item" | tr '+' '_')" AB_PATCH="$patch_file" "$0" ab "$@" | grep -vE "^NVIDIA|^build" || rc=1
   done
+fi
+if [ "$what" = ab-multi ]; then
+  rm -rf /tmp/abm && mkdir -p /tmp/abm/A && cp build-dev/bin/tansy /tmp/abm/A/
+  variants=(A)
+  for item in ${AB_LIST:?set AB_LIST}; do
+    v=$(echo "$item" | tr '+' '_'); names=$(echo "$item" | tr '+' ' '); applied=()
+    echo "######## $item"
+    for name in $names; do
+      patch -p1 -s --no-backup-if-mismatch < "docs/experiments/$name.patch" || { echo "ab-multi: $name does not apply"; break; }
+      applied=("$name" "${applied[@]}")
+    done
+    if [ ${#applied[@]} -eq $(echo $names | wc -w) ]; then
+      t1=$(date +%s)
+      if cmake --build build-dev -j 16 --target $target > "$OUT/build-$v.log" 2>&1; then
+        mkdir -p /tmp/abm/$v && cp build-dev/bin/tansy /tmp/abm/$v/ && variants+=("$v")
+        echo "build: $(( $(date +%s) - t1 )) s"
+        if [ -n "${AB_TEST_FILTER:-}" ]; then
+          timeout ${GTEST_TIMEOUT:-300} build-dev/tests/tansy_cuda_tests --gtest_filter="$AB_TEST_FILTER" > "$OUT/gtest-$v.log" 2>&1 || rc=1
+          grep -E "^\[  (FAILED|PASSED) |^\[  SKIPPED \] [0-9]|Failure|Expected|Which is" "$OUT/gtest-$v.log" | head -20
+        fi
+      else
+        grep -E "error" -A5 "$OUT/build-$v.log" | head -30; rc=1
+      fi
+    fi
+    for name in "${applied[@]}"; do patch -p1 -R -s --no-backup-if-mismatch < "docs/experiments/$name.patch"; done
+  done
+  args=("$@"); [ ${#args[@]} -eq 0 ] && args=(--contexts 2048,131072 --batches none --prompts none)
+  for i in $(seq ${AB_ROUNDS:-2}); do
+    for v in "${variants[@]}"; do
+      echo "== $v round $i"
+      timeout 200 /tmp/abm/$v/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json --steps 16 --runs 5 "${args[@]}" 2>&1 \
+        | grep -E "^ *batch +[0-9]+ context|prompt +[0-9]+:"
+    done
+  done
+  echo "ab-multi: $(( $(date +%s) - t0 )) s in all"
 fi
 if [ "$what" = tokenizer ] || [ "$what" = all ]; then
   # encode speed on this machine's CPU, ours vs Hugging Face tokenizers (installed here), same text and ids
