@@ -152,6 +152,27 @@ TEST(cuda_attention_prefill, long_slices) {
     }
 }
 
+// The decode kernel's slices at forced counts (by default they follow the SM count): a span of 8 rows straddling
+// a slice boundary (positions 60-67: its earlier rows' keys fall in the first slice, and a slice may hold only this
+// step's keys) and one of 5 rows after a longer prefix, with both caches and both query precisions.
+TEST(cuda_attention_prefill, decode_slices) {
+    TANSY_REQUIRE_GPU();
+    struct reset {
+        ~reset() { cuda::force_attention_splits(0); }
+    } guard;
+    for (int splits : {2, 4})
+        for (auto [precise, fp8] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+            SCOPED_TRACE(std::to_string(splits) + " slices, " + (precise ? "precise" : "fast") + (fp8 ? ", fp8 cache" : ""));
+            cuda::force_attention_splits(splits);
+            auto p = make_pair(real_config(), precise, fp8);
+            std::vector<seq_twin> seqs = fresh_seqs(*p, 2);
+            uint32_t seed = 7000;
+            step(*p, seqs, {{0, 60}, {1, 130}}, seed, "prompts of 60 and 130 rows");
+            step(*p, seqs, {{0, 8}, {1, 5}}, seed, "spans of 8 (positions 60-67) and 5 (130-134)");
+            step(*p, seqs, {{0, 1}, {1, 1}}, seed, "decode tokens");
+        }
+}
+
 // The GPU's FP8 cache rows, read back, against the CPU's rounding (core/fp8.h): V goes in as given, so its codes
 // and scales must match bit for bit; K comes from each backend's own norm and RoPE, so a value within fp32
 // noise of a rounding boundary may take the neighbouring code (TOL_K8_FLIPS).

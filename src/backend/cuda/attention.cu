@@ -78,6 +78,32 @@ __device__ __forceinline__ void decode_kv8(const kv8_row& r, float (&x)[DPL]) {
     }
 }
 
+// Row P of KV head kh in this layer's cache, K or V, the lane's DPL values as stored: bf16 pairs, or (FP8) the
+// codes in .x .y and the scale's bits in .z. Through L2 only (ld.global.cg): it reads rows this step's prep wrote,
+// and the split kernel's tiles fetch the scales of earlier rows with L1-allocating 4-byte copies before its PDL wait,
+// sometimes in the same 32-byte sector; L1 is not kept coherent with other SMs' stores.
+__device__ __forceinline__ uint4 cache_row(const dseq& s, const attn_params& p, bool v, int64_t P, int kh, int lane) {
+    if (p.shape.kv8) {
+        const int64_t row = P * p.shape.kvd + kh * DH + lane * DPL, srow = P * p.shape.hkv + kh;
+        const uint8_t* codes = v ? kv8_v(s, p.shape, p.slot) : kv8_k(s, p.shape, p.slot);
+        const float* scales = v ? kv8_vs(s, p.shape, p.slot) : kv8_ks(s, p.shape, p.slot);
+        const uint2 c = __ldcg(reinterpret_cast<const uint2*>(codes + row));
+        return make_uint4(c.x, c.y, __float_as_uint(__ldcg(scales + srow)), 0u);
+    }
+    const uint16_t* vals = v ? kv_v(s, p.shape, p.slot) : kv_k(s, p.shape, p.slot);
+    return __ldcg(reinterpret_cast<const uint4*>(vals + P * p.shape.kvd + kh * DH + lane * DPL));
+}
+// A cache_row's values in fp32 (exact).
+__device__ __forceinline__ void cache_row_values(const attn_params& p, const uint4& r, float (&x)[DPL]) {
+    if (p.shape.kv8) {
+        decode_kv8({make_uint2(r.x, r.y), __uint_as_float(r.z)}, x);
+        return;
+    }
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < DPL / 2; i++) x[2 * i] = __uint_as_float(w[i] << 16), x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+}
+
 // A head's DH values at src (lane * DPL + i per lane) into v.
 __device__ __forceinline__ void load_head(float (&v)[DPL], const float* src, int lane) {
     const float4 a = *reinterpret_cast<const float4*>(src + lane * DPL);
@@ -252,20 +278,8 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
     const bool has_new = new0 < end, own = end == len;  // this step's keys in the slice; among them the row's own
     pdl_wait();  // q and this step's K/V come from prep
     // the row's own K/V (cache, as prep appended them) requested with q: one L2 round trip for both
-    uint4 k_own = {}, v_own = {};  // bf16: 8 values; FP8: codes in .x .y, the scale's bits in .z
-    if (own) {
-        if (p.shape.kv8) {
-            const int64_t row = (int64_t)pos * p.shape.kvd + kh * DH + lane * DPL, srow = (int64_t)pos * p.shape.hkv + kh;
-            const uint2 kc = *reinterpret_cast<const uint2*>(kv8_k(s, p.shape, p.slot) + row);
-            const uint2 vc = *reinterpret_cast<const uint2*>(kv8_v(s, p.shape, p.slot) + row);
-            k_own = make_uint4(kc.x, kc.y, __float_as_uint(kv8_ks(s, p.shape, p.slot)[srow]), 0u);
-            v_own = make_uint4(vc.x, vc.y, __float_as_uint(kv8_vs(s, p.shape, p.slot)[srow]), 0u);
-        } else {
-            const int64_t off = (int64_t)pos * p.shape.kvd + kh * DH + lane * DPL;
-            k_own = *reinterpret_cast<const uint4*>(kv_k(s, p.shape, p.slot) + off);
-            v_own = *reinterpret_cast<const uint4*>(kv_v(s, p.shape, p.slot) + off);
-        }
-    }
+    uint4 k_own = {}, v_own = {};
+    if (own) k_own = cache_row(s, p, false, pos, kh, lane), v_own = cache_row(s, p, true, pos, kh, lane);
     // Q rows: g < G the head in the tiles' 16-bit type (bf16, or fp16 for an FP8 cache), 8 + g its
     // remainder (fp16: times k_q_lo_scale, clear of fp16's subnormals), the others zero. qe: the query the two
     // rows hold, for this step's keys.
@@ -311,26 +325,8 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
             float nm = -INFINITY, nl = 0.0f, na[DPL] = {};
             for (int P = new0; P < end; P++) {
                 float kx[DPL], vx[DPL];
-                if (p.shape.kv8) {
-                    const int64_t row = (int64_t)P * p.shape.kvd + kh * DH, srow = (int64_t)P * p.shape.hkv + kh;
-                    const kv8_row ek = P == pos ? kv8_row{make_uint2(k_own.x, k_own.y), __uint_as_float(k_own.z)}
-                                                : kv8_row{*reinterpret_cast<const uint2*>(kv8_k(s, p.shape, p.slot) + row + lane * DPL),
-                                                          kv8_ks(s, p.shape, p.slot)[srow]};
-                    const kv8_row ev = P == pos ? kv8_row{make_uint2(v_own.x, v_own.y), __uint_as_float(v_own.z)}
-                                                : kv8_row{*reinterpret_cast<const uint2*>(kv8_v(s, p.shape, p.slot) + row + lane * DPL),
-                                                          kv8_vs(s, p.shape, p.slot)[srow]};
-                    decode_kv8(ek, kx), decode_kv8(ev, vx);
-                } else {
-                    const int64_t off = (int64_t)P * p.shape.kvd + kh * DH + lane * DPL;
-                    const uint4 kb = P == pos ? k_own : *reinterpret_cast<const uint4*>(kv_k(s, p.shape, p.slot) + off);
-                    const uint4 vb = P == pos ? v_own : *reinterpret_cast<const uint4*>(kv_v(s, p.shape, p.slot) + off);
-                    const uint32_t kw[4] = {kb.x, kb.y, kb.z, kb.w}, vw[4] = {vb.x, vb.y, vb.z, vb.w};
-#pragma unroll
-                    for (int i = 0; i < DPL / 2; i++) {
-                        kx[2 * i] = __uint_as_float(kw[i] << 16), kx[2 * i + 1] = __uint_as_float(kw[i] & 0xFFFF0000u);
-                        vx[2 * i] = __uint_as_float(vw[i] << 16), vx[2 * i + 1] = __uint_as_float(vw[i] & 0xFFFF0000u);
-                    }
-                }
+                cache_row_values(p, P == pos ? k_own : cache_row(s, p, false, P, kh, lane), kx);
+                cache_row_values(p, P == pos ? v_own : cache_row(s, p, true, P, kh, lane), vx);
                 float d = 0.0f;
 #pragma unroll
                 for (int i = 0; i < DPL; i++) d = fmaf(qe[j][i], kx[i], d);
@@ -455,6 +451,8 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
     }
 }
 
+constexpr int k_combine_regs = 32;  // partials per thread held in registers (a 2K context's 32 slices)
+
 // Merges the splits of one (token, head): the (max, sum) pairs go through shared memory once, then each
 // thread (one per dimension) reads its partials with independent loads.
 __global__ void __launch_bounds__(DH) combine_kernel(const attn_params p) {
@@ -467,8 +465,15 @@ __global__ void __launch_bounds__(DH) combine_kernel(const attn_params p) {
     const int len = skip ? 0 : position_of(p, t, &s) + 1;
     pdl_wait();  // the partials come from split
     if (skip) return;
+    // the gate (from the projections, done) requested now: after the reduction's barrier it was one more round trip
+    const float gate = p.qg[(int64_t)t * p.Hq * 2 * DH + h * 2 * DH + DH + d];
     const int S = split_len(len, p.n_splits), n_valid = (len + S - 1) / S;
     const int64_t part0 = ((int64_t)t * p.Hq + h) * p.n_splits;
+    // the first k_combine_regs partials of this dimension requested with the (max, sum) pairs, before their
+    // weights are known: one L2 round trip for both, where the partials waited for the weights' barrier
+    float po[k_combine_regs];
+#pragma unroll
+    for (int i = 0; i < k_combine_regs; i++) po[i] = i < n_valid ? p.part_o[(part0 + i) * DH + d] : 0.0f;
     if (threadIdx.x < 32) {
         float M = -INFINITY;
         for (int sp = threadIdx.x; sp < n_valid; sp += 32) M = fmaxf(M, p.part_ml[(part0 + sp) * 2]);
@@ -484,9 +489,11 @@ __global__ void __launch_bounds__(DH) combine_kernel(const attn_params p) {
     }
     __syncthreads();
     float o = 0;
+#pragma unroll
+    for (int i = 0; i < k_combine_regs; i++)
+        if (i < n_valid) o += po[i] * s_f[i];
 #pragma unroll 8
-    for (int sp = 0; sp < n_valid; sp++) o += p.part_o[(part0 + sp) * DH + d] * s_f[sp];
-    const float gate = p.qg[(int64_t)t * p.Hq * 2 * DH + h * 2 * DH + DH + d];
+    for (int sp = k_combine_regs; sp < n_valid; sp++) o += p.part_o[(part0 + sp) * DH + d] * s_f[sp];
     p.out[((int64_t)t * p.Hq + h) * DH + d] = o * s_inv_l * sigmoidf_(gate);
 }
 

@@ -63,11 +63,16 @@ __device__ __forceinline__ float load_x_chunk(float (&xv)[chunk_values<F>()], co
     return chunk_sum<CH>(xv);
 }
 
-// Returns what it stored.
-__device__ __forceinline__ float store_out(const gemv_params& p, int64_t row, int t, float v) {
+// Where output (row, t) goes.
+__device__ __forceinline__ float* out_slot(const gemv_params& p, int64_t row, int t) {
     int s = 0;
     while (s + 1 < p.n_seg && row >= p.seg[s + 1].row0) s++;
-    float* o = p.seg[s].out + t * p.seg[s].ld + (row - p.seg[s].row0);
+    return p.seg[s].out + t * p.seg[s].ld + (row - p.seg[s].row0);
+}
+
+// Returns what it stored.
+__device__ __forceinline__ float store_out(const gemv_params& p, int64_t row, int t, float v) {
+    float* o = out_slot(p, row, t);
     const float r = p.accumulate ? *o + v : v;
     *o = r;
     return r;
@@ -308,7 +313,18 @@ __global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_
     };
     pdl_trigger();
     ring_start<S>(nr, 0, issue);
+    // lane 0: the first row's tap weight (a weight: before the wait) and, accumulating, its old output (after
+    // it), so that the store after the first dot waits for no L2 round trip (out_proj, with the tap: the only
+    // row of its warp, and the kernel's last step)
+    float tap_w0 = 0.0f, old0 = 0.0f;
+    if constexpr (TAP)
+        if (lane == 0 && nr > 0) tap_w0 = p.tap.nw[gw];
     pdl_wait();
+    float* out0 = nullptr;
+    if (lane == 0 && nr > 0) {
+        out0 = out_slot(p, gw, 0);
+        if (p.accumulate) old0 = *out0;
+    }
     xq_chunk xc[CPL];
     int gi[CPL];
     stage_lane_xq(xc, gi, smem, p.x, p.norm_w, p.eps, K, p.W.group);
@@ -325,8 +341,14 @@ __global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_
         acc = warp_sum(acc);
         if (lane == 0) {
             const int64_t row = gw + i * NW;
-            const float v = store_out(p, row, 0, acc);
-            if constexpr (TAP) s_tap[warp] = v * p.tap.nw[row];
+            float v;
+            if (i == 0) {
+                v = p.accumulate ? old0 + acc : acc;
+                *out0 = v;
+            } else {
+                v = store_out(p, row, 0, acc);
+            }
+            if constexpr (TAP) s_tap[warp] = v * (i == 0 ? tap_w0 : p.tap.nw[row]);
         }
     });
     if constexpr (TAP) {
