@@ -91,15 +91,27 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
     tensor h = x;
     if (which == logits_rows::last) {
         std::vector<int64_t> last;
-        for (const seq_span& s : spans) last.push_back(s.row0 + s.n - 1);
-        h = sel_.t().rows_view(0, n_logits);
-        be_.gather_rows(h, x, last);
+        bool in_place = true;  // every span one row (a decode step): the rows are x's own, in order
+        for (const seq_span& s : spans) {
+            in_place = in_place && s.row0 + s.n - 1 == (int64_t)last.size();
+            last.push_back(s.row0 + s.n - 1);
+        }
+        if (in_place) {
+            h = x.rows_view(0, n_logits);
+        } else {
+            h = sel_.t().rows_view(0, n_logits);
+            be_.gather_rows(h, x, last);
+        }
     }
-    const tensor hn = a.rows_view(0, n_logits);
-    be_.rms_norm(hn, h, vv(W.final_norm), c.eps);
-    if (tap) tap("final_norm", -1, hn);
     const tensor logits = logits_.t().rows_view(0, n_logits);
-    be_.matmul(logits, hn, W.lm_head);
+    if (tap) {
+        const tensor hn = a.rows_view(0, n_logits);
+        be_.rms_norm(hn, h, vv(W.final_norm), c.eps);
+        tap("final_norm", -1, hn);
+        be_.matmul(logits, hn, W.lm_head);
+    } else {  // the norm inside lm_head's projection (one launch less a step on a GPU)
+        be_.project({logits}, h, vv(W.final_norm), c.eps, {&W.lm_head});
+    }
     return logits;
 }
 

@@ -201,6 +201,13 @@ class cuda_backend final : public backend {
             rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
             xin = a, nw = nullptr;
         }
+        if (Ws.size() == 1 && !weights_.grouped(*Ws[0])) {  // one matrix of no group (lm_head after the final norm)
+            TANSY_CHECK(Ws[0]->cols == x.cols && outs[0].cols == Ws[0]->rows && outs[0].rows == x.rows,
+                        "project %s shapes", Ws[0]->name.c_str());
+            const gemv_segment seg{f32(outs[0]), outs[0].cols, 0};
+            dense(weights_.mat(*Ws[0]), xin, x.cols, T, nw, eps, &seg, 1, false);
+            return;
+        }
         const device_weights::concat& cc = weights_.cat(Ws);
         for (size_t part = 0; part < cc.parts.size(); part++) {
             gemv_segment seg[4];

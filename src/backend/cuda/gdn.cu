@@ -67,6 +67,27 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
         return acc;
     };
     const float pre_q = window_part(ch_q), pre_k = window_part(ch_k), pre_v = warp == 0 ? window_part(ch_v) : 0.0f;
+    // The new conv window (step 5), each channel by one owner: q/k channels of key head kh by the block of the
+    // group's first value head and first column block, v channels by warp 0 of every block. Its entries are held
+    // in registers (K - 1 <= k_win): the old window's before the wait, the span's rows with the conv's loads.
+    // note: read at the end instead, they followed the state's stores, which loads may not pass (aliasing): one
+    // L2 round trip before the kernel could end
+    constexpr int k_win = 3;
+    const bool owner_qk = (h % group == 0) && cb == 0, win_regs = P <= k_win;
+    float win_q[k_win] = {}, win_k[k_win] = {}, win_v[k_win] = {};
+    auto win_src = [&](int j, int ch) -> const float* {  // raw input j (0 = oldest) of the window after the span
+        const int idx = sp.n - P + j;
+        return idx >= 0 ? p.qkv + (int64_t)(sp.row0 + idx) * C + ch : cstate + (int64_t)(P + idx) * C + ch;
+    };
+    auto win_load = [&](bool old) {  // the entries from the old window (before the wait) or from the span
+#pragma unroll
+        for (int j = 0; j < k_win; j++) {
+            if (!win_regs || j >= P || (sp.n - P + j < 0) != old) continue;
+            if (owner_qk) win_q[j] = *win_src(j, ch_q), win_k[j] = *win_src(j, ch_k);
+            if (warp == 0) win_v[j] = *win_src(j, ch_v);
+        }
+    };
+    win_load(true);
     const float A = -expf(p.A_log[h]), dtb = p.dt_bias[h];
     const float qscale = rsqrtf((float)DK);
     // qkv, b and a come from the projection
@@ -75,6 +96,7 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
     // loads: two L2 round trips)
     float b0 = 0.0f, a0 = 0.0f;
     if (tid == 0 && sp.n > 0) b0 = p.b[(int64_t)sp.row0 * p.Hv + h], a0 = p.a[(int64_t)sp.row0 * p.Hv + h];
+    win_load(false);
 
     for (int r = 0; r < sp.n; r++) {
         const int row = sp.row0 + r;
@@ -123,19 +145,19 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
 #pragma unroll
     for (int i = 0; i < 32; i++) S[(int64_t)(warp * 32 + i) * p.dv + col] = st[i];
 
-    // 5. new conv window (the last K-1 raw inputs) into the other parity buffer, each channel by one owner:
-    //    q/k channels of key head kh by the block (first value head of the group, first column block), v by all.
-    auto window = [&](int ch, int j) {  // raw input j (0 = oldest) of the window after the span
-        const int idx = sp.n - P + j;
-        return idx >= 0 ? p.qkv[(int64_t)(sp.row0 + idx) * C + ch] : cstate[(P + idx) * C + ch];
-    };
-    const bool owner_qk = (h % group == 0) && cb == 0;
-    for (int j = 0; j < P; j++) {
-        if (owner_qk) {
-            cnext[j * C + ch_q] = window(ch_q, j);
-            cnext[j * C + ch_k] = window(ch_k, j);
+    // 5. new conv window (the last K-1 raw inputs) into the other parity buffer
+    if (win_regs) {
+#pragma unroll
+        for (int j = 0; j < k_win; j++) {
+            if (j >= P) continue;
+            if (owner_qk) cnext[j * C + ch_q] = win_q[j], cnext[j * C + ch_k] = win_k[j];
+            if (warp == 0) cnext[j * C + ch_v] = win_v[j];
         }
-        if (warp == 0) cnext[j * C + ch_v] = window(ch_v, j);
+    } else {
+        for (int j = 0; j < P; j++) {
+            if (owner_qk) cnext[j * C + ch_q] = *win_src(j, ch_q), cnext[j * C + ch_k] = *win_src(j, ch_k);
+            if (warp == 0) cnext[j * C + ch_v] = *win_src(j, ch_v);
+        }
     }
 }
 

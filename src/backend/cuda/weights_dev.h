@@ -40,6 +40,7 @@ class device_weights {
 
     const dmat& mat(const matrix& m) const;
     const float* vec(vec_view v) const;
+    bool grouped(const matrix& W) const { return cats_.count(&W) != 0; }  // the first of a bound group
     const concat& cat(const std::vector<const matrix*>& Ws) const;
     const moe_dev& moe(const moe_weights& w) const;
     size_t bytes() const { return bytes_; }
