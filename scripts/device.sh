@@ -8,7 +8,7 @@
 #          AB_TEST_FILTER='cuda_ops.*:cuda_attention*' also runs those CUDA tests on the patched tree (B)
 #   ab-list: AB_LIST='post-wait-loads post-wait-loads+gdn-norm-in-out-proj' scripts/device.sh ab-list [bench args]
 #          one ab per item against this tree; an item names docs/experiments patches, '+' applies them in order
-#   ab-multi: AB_LIST=... [AB_TEST_FILTER=...] scripts/device.sh ab-multi [bench args]
+#   ab-multi: AB_LIST=... [AB_TEST_FILTER=...] scripts/device.sh ab-multi [bench args]   (-NAME: NAME reversed)
 #          the same items, cheaper: each variant is an incremental rebuild of this tree with its patches applied
 #          in place (then reverted), and the benches alternate over all variants (A B1 B2 ..) ${AB_ROUNDS:-2} times
 set -uo pipefail
@@ -151,8 +151,9 @@ if [ "$what" = ab-multi ]; then
   for item in ${AB_LIST:?set AB_LIST}; do
     v=$(echo "$item" | tr '+' '_'); names=$(echo "$item" | tr '+' ' '); applied=()
     echo "######## $item"
-    for name in $names; do
-      patch -p1 -s --no-backup-if-mismatch < "docs/experiments/$name.patch" || { echo "ab-multi: $name does not apply"; break; }
+    for name in $names; do  # -NAME: the patch reversed (B = this tree without a change it holds)
+      rev=; [ "${name#-}" != "$name" ] && rev=-R
+      patch -p1 -s $rev --no-backup-if-mismatch < "docs/experiments/${name#-}.patch" || { echo "ab-multi: $name does not apply"; break; }
       applied=("$name" "${applied[@]}")
     done
     if [ ${#applied[@]} -eq $(echo $names | wc -w) ]; then
@@ -168,7 +169,10 @@ if [ "$what" = ab-multi ]; then
         grep -E "error" -A5 "$OUT/build-$v.log" | head -30; rc=1
       fi
     fi
-    for name in "${applied[@]}"; do patch -p1 -R -s --no-backup-if-mismatch < "docs/experiments/$name.patch"; done
+    for name in "${applied[@]}"; do
+      rev=-R; [ "${name#-}" != "$name" ] && rev=
+      patch -p1 $rev -s --no-backup-if-mismatch < "docs/experiments/${name#-}.patch"
+    done
   done
   args=("$@"); [ ${#args[@]} -eq 0 ] && args=(--contexts 2048,131072 --batches none --prompts none)
   for i in $(seq ${AB_ROUNDS:-2}); do
