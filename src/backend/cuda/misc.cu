@@ -8,45 +8,24 @@ namespace tansy::cuda {
 
 namespace {
 
-// One block per token. Every load of the row precedes every store: a store may alias the table as far as the
-// compiler knows, so a loop of (load, store) waited one DRAM round trip per pass (8 passes at hidden 2048 with
-// 256 threads: the first kernel of every decode step). A thread takes whole 32-bit words (8 4-bit, 4 8-bit or
-// 2 bf16 values; embed_rows checks that a word does not straddle a scale group), k_embed_words of them a pass.
-constexpr int k_embed_words = 4;
-
 __global__ void embed_kernel(float* x, const int32_t* ids, const dmat table) {
     const int t = blockIdx.x;
     int64_t id = ids[t];
     id = id < 0 ? 0 : id >= table.rows ? table.rows - 1 : id;  // ids are validated on the host; stay in bounds
-    const bool dense = table.fmt == dfmt::bf16;
-    const int bits = table.bits(), per = 32 / bits;
-    const int64_t words = table.row_words();
-    const uint32_t* w = table.w + id * words;
-    const uint32_t* sbr = dense ? nullptr : table.sb + id * table.n_groups();
+    const uint32_t* w = table.w + id * table.row_words();
     float* out = x + (int64_t)t * table.cols;
-    for (int64_t w0 = 0; w0 < words; w0 += (int64_t)k_embed_words * blockDim.x) {
-        uint32_t word[k_embed_words], sb[k_embed_words];
-#pragma unroll
-        for (int u = 0; u < k_embed_words; u++) {
-            const int64_t wi = w0 + (int64_t)u * blockDim.x + threadIdx.x;
-            word[u] = wi < words ? w[wi] : 0u;
-            sb[u] = !dense && wi < words ? sbr[wi * per / table.group] : 0u;
+    for (int64_t c = threadIdx.x; c < table.cols; c += blockDim.x) {
+        float v;
+        if (table.fmt == dfmt::bf16) {
+            const uint32_t word = w[c / 2];
+            v = __uint_as_float((c & 1) ? (word & 0xFFFF0000u) : (word << 16));
+        } else {
+            const int bits = table.bits(), per = 32 / bits;
+            const uint32_t q = (w[c / per] >> (bits * (c % per))) & ((1u << bits) - 1);
+            const uint32_t sb = table.sb[id * table.n_groups() + c / table.group];
+            v = sb_scale(sb) * (float)q + sb_bias(sb);
         }
-#pragma unroll
-        for (int u = 0; u < k_embed_words; u++) {
-            const int64_t wi = w0 + (int64_t)u * blockDim.x + threadIdx.x;
-            if (wi >= words) break;
-            for (int j = 0; j < per; j++) {
-                float v;
-                if (dense) {
-                    v = __uint_as_float(j ? (word[u] & 0xFFFF0000u) : (word[u] << 16));
-                } else {
-                    const uint32_t q = (word[u] >> (bits * j)) & ((1u << bits) - 1);
-                    v = sb_scale(sb[u]) * (float)q + sb_bias(sb[u]);
-                }
-                out[wi * per + j] = v;
-            }
-        }
+        out[c] = v;
     }
 }
 
@@ -116,8 +95,6 @@ __global__ void advance_kernel(const dseq* seqs, const dspan* spans, int n) {
 
 void embed_rows(float* x, const int32_t* ids, int T, const dmat& table, cudaStream_t stream) {
     if (T == 0) return;
-    TANSY_CHECK(table.fmt == dfmt::bf16 || table.group % (32 / table.bits()) == 0,
-                "embed: scale groups of %d columns split a %d-bit word", table.group, table.bits());
     embed_kernel<<<(unsigned)T, 256, 0, stream>>>(x, ids, table);
     CUDA_CHECK_LAUNCH();
 }
