@@ -279,8 +279,8 @@ __global__ void __launch_bounds__(k_stream_threads)
 // slot v / F, row v % F) and streams them through its own ring of k_gu_warp_slots rows in shared memory: it
 // waits only for its own rows (cp.async groups and __syncwarp), so a row is used as soon as it lands, no block
 // waits for a 16-row tile, and there is no barrier per tile. Every warp selects the top-k itself (batches) or,
-// from the router tap (one token), warp 0 selects while the others stage the input (int8, xq.cuh), whose one
-// barrier publishes the choice; the shared expert's rows, first in each warp's order, stream before the PDL wait. At one token each warp has 2-3 rows: all in flight at once.
+// from the router tap (one token), the last warp selects while the others stage the input (int8, xq.cuh), whose
+// one barrier publishes the choice; the shared expert's rows, first in each warp's order, stream before the PDL wait. At one token each warp has 2-3 rows: all in flight at once.
 constexpr int k_gu_warp_slots = 3;
 
 __host__ __device__ inline int64_t gate_up_row_bytes(const dmat& G) { return 2 * G.row_words() * 4 + 2 * G.n_groups() * 4; }
@@ -344,10 +344,14 @@ __global__ void __launch_bounds__(k_stream_threads)
     } else {
         // The router tap's logits (T == 1) are of the unnormalised input: their ranking is the normalised one's,
         // so without a bias the selection need not wait for the staging's 1/rms: it runs beside the staging.
-        // Warp 0 selects while the others stage x; the staging's barrier publishes its choice (s_ids).
+        // One warp selects while the others stage x; the staging's barrier publishes its choice (s_ids). It is
+        // the last warp: the staging takes a word of 8 values per thread, so at D <= 8 * 32 (W - 1) (D = 2048:
+        // warps 0-7) the last warp stages nothing and its selection runs beside the staging's loads.
         // note: with every warp selecting, 16 warps x ~580 instructions shared an SM's 4 schedulers before any
-        // routed row was requested (~1.2 us at one token, by the SASS); one warp alone takes ~0.35 us, under the
-        // staging (H200 2K: 646.9 -> 651.7 tok/s)
+        // routed row was requested (~1.2 us at one token, by the SASS; one warp alone takes ~0.35 us: H200 2K
+        // 646.9 -> 651.7 tok/s). With warp 0 selecting, its staging loads waited for its selection: the barrier
+        // came two L2 round trips after the wait (tap, then x) instead of one (H200 2K: 674.4 -> 680.5 tok/s).
+        constexpr int sel = W - 1;
         __shared__ int s_ids[k_max_topk];
         auto logit = [&](int e) { return (float)(long long)route.tap[e] * (1.0f / k_tap_logit_scale); };
         float my_val = 0.0f;  // lane j < k: expert j's logit (+ bias)
@@ -372,15 +376,15 @@ __global__ void __launch_bounds__(k_stream_threads)
         auto publish = [&] {
             if (lane < m.k) s_ids[lane] = my_id;
         };
-        if (!late && warp == 0) select(1.0f), publish();
+        if (!late && warp == sel) select(1.0f), publish();
         const float inv_rms = stage_lane_xq(xc, gi, smem, x, norm_w, eps, m.D, m.gate.group);
         if (late) {
-            if (warp == 0) select(inv_rms), publish();
+            if (warp == sel) select(inv_rms), publish();
             __syncthreads();
         }
         if (lane < m.k) my_id = s_ids[lane];
         ring_start<S>(nr, pre, issue);
-        if (blockIdx.x == 0 && warp == 0) {  // the routing for down (as store_route): softmax over the top-k
+        if (blockIdx.x == 0 && warp == sel) {  // the routing for down (as store_route): softmax over the top-k
             const float scale = late ? 1.0f : inv_rms;
             const float top = __shfl_sync(0xffffffffu, my_val, 0);  // (every lane: a full-warp shuffle)
             const float ex = lane < m.k ? expf((my_val - top) * scale) : 0.0f;
