@@ -196,12 +196,17 @@ class cuda_backend final : public backend {
         const int T = (int)x.rows;
         const float* nw = weights_.vec(norm);
         const float* xin = f32(x);
-        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows) {  // normalise once, not in every block's prologue
+        // lm_head alone (no projection group) takes the norm in its prologue only as measured: one row, fast mode,
+        // 4-bit (the per-warp kernel, 132 blocks). Elsewhere (a decode batch, precise mode, an 8- or 16-bit
+        // lm_head: the plain GEMV's ~19K blocks would each norm all T rows) it is normalised once first.
+        const bool lone = Ws.size() == 1 && !weights_.grouped(*Ws[0]);
+        const bool lone_prologue = lone && T == 1 && !precise_gemm_ && weights_.mat(*Ws[0]).fmt == dfmt::q4;
+        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows || (lone && !lone_prologue)) {  // normalise once
             float* a = ws_norm_.ensure((size_t)x.numel());
             rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
             xin = a, nw = nullptr;
         }
-        if (Ws.size() == 1 && !weights_.grouped(*Ws[0])) {  // one matrix of no group (lm_head after the final norm)
+        if (lone) {  // one matrix of no group (lm_head after the final norm)
             TANSY_CHECK(Ws[0]->cols == x.cols && outs[0].cols == Ws[0]->rows && outs[0].rows == x.rows,
                         "project %s shapes", Ws[0]->name.c_str());
             const gemv_segment seg{f32(outs[0]), outs[0].cols, 0};
