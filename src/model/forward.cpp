@@ -109,7 +109,8 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
         be_.rms_norm(hn, h, vv(W.final_norm), c.eps);
         tap("final_norm", -1, hn);
         be_.matmul(logits, hn, W.lm_head);
-    } else {  // the norm inside lm_head's projection (one launch less a step on a GPU)
+    } else {  // the norm inside lm_head's projection (one launch less a step on a GPU; with a tap, the logits
+              // come from the two ops above instead: equal up to rounding on the GPU, bit-equal on the CPU)
         be_.project({logits}, h, vv(W.final_norm), c.eps, {&W.lm_head});
     }
     return logits;

@@ -121,6 +121,8 @@ __device__ __forceinline__ xq_chunk load_xq(const char* st, int64_t nc, int64_t 
 // Block-wide (every thread calls it; one barrier inside): stage_xq of the K values x (RMS-normalised with nw when
 // set), then each lane's chunks lane + 32 c (c < CPL) into registers, steps and sums scaled by 1/rms; gi[c]: the
 // chunk's scale/bias word in a weight row of quantisation group `group`. Returns the scale (1/rms, or 1).
+// Callers rely on the barrier: shared-memory writes made before the call are visible to every thread after it
+// (gate/up's top-k, published by its selecting warp).
 template <int CPL>
 __device__ __forceinline__ float stage_lane_xq(xq_chunk (&xc)[CPL], int (&gi)[CPL], char* st, const float* x,
                                               const float* nw, float eps, int64_t K, int group) {
