@@ -31,6 +31,8 @@ enum class dfmt : uint8_t { q4, q8, bf16 };
 
 // Everything below is device code: visible to nvcc only (tests include the .cuh launchers from plain C++).
 #if defined(__CUDACC__)
+#include "backend/cuda/timeline.cuh"
+
 namespace tansy::cuda {
 
 // Programmatic dependent launch (sm_90): a kernel launched with launch_pdl() may start while the previous
@@ -42,6 +44,9 @@ namespace tansy::cuda {
 // written by any of those: weights, and state written only in earlier decode steps (steps are separated by
 // plain launches: embed, advance).
 __device__ __forceinline__ void pdl_trigger() {
+#if defined(TANSY_TIMELINE)
+    timeline::mark(0);
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
@@ -49,6 +54,9 @@ __device__ __forceinline__ void pdl_trigger() {
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if defined(TANSY_TIMELINE)
+    timeline::mark(1);
 #endif
 }
 
@@ -81,6 +89,9 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
+#if defined(TANSY_TIMELINE)
+    timeline::note_launch(reinterpret_cast<const void*>(kernel));
+#endif
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -17,6 +17,7 @@
 #include "backend/cuda/misc.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/sample.cuh"
+#include "backend/cuda/timeline_host.h"
 #include "backend/cuda/weights_dev.h"
 #include "core/fp8.h"
 #include "core/log.h"
@@ -100,6 +101,7 @@ class cuda_backend final : public backend {
         CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
+        timeline_start();  // (TANSY_TIMELINE=FILE, in a -DTANSY_TIMELINE=ON build: timeline.cuh)
         sh_.kvd = cfg.kv_dim();
         sh_.hkv = cfg.n_kv_heads;
         sh_.conv_rows = cfg.conv_kernel - 1;
@@ -121,6 +123,7 @@ class cuda_backend final : public backend {
         inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
     }
     ~cuda_backend() override {
+        timeline_stop();
         if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
         cudaEventDestroy(ev_fork_);
         cudaEventDestroy(ev_join_);
@@ -430,6 +433,7 @@ class cuda_backend final : public backend {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         capturing_ = true;
+        timeline_mark("#capture");
     }
     void capture_end() override {
         TANSY_CHECK(capturing_, "capture_end without capture_begin");
