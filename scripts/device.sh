@@ -189,13 +189,18 @@ fi
 if [ "$what" = timeline ]; then
   # one decode step's timeline inside the graph (src/backend/cuda/timeline.cuh): a second build with
   # -DTANSY_TIMELINE=ON, the bench at context ${PROFILE_CONTEXT:-2048} (batches: ${PROFILE_BATCHES:-none}), then
-  # scripts/timeline.py (TIMELINE_ARGS, e.g. --all for every kernel in order)
+  # scripts/timeline.py (TIMELINE_ARGS, e.g. --all for every kernel in order). Extra args go to the bench (one
+  # context and no prompts: the step is the last graph captured).
   cmake -S . -B build-tl -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" -DTANSY_GTEST_SOURCE="$deps/googletest-src" \
-    -DTANSY_CUDA_ARCHS=90 -DTANSY_TIMELINE=ON -DTANSY_TESTS=OFF > "$OUT/configure-tl.log" 2>&1 \
-    && cmake --build build-tl -j 16 --target tansy > "$OUT/build-tl.log" 2>&1 || { grep -E "error" -A5 "$OUT/build-tl.log" | head -40; exit 1; }
-  TANSY_TIMELINE="$OUT/timeline.txt" build-tl/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
-    --contexts ${PROFILE_CONTEXT:-2048} --batches ${PROFILE_BATCHES:-none} --prompts none --steps 8 --runs 2 "$@" 2>&1 | grep -E "batch|timeline"
-  python3 scripts/timeline.py "$OUT/timeline.txt" ${TIMELINE_ARGS:-} | tee "$OUT/timeline-summary.txt"
+    -DTANSY_CUDA_ARCHS=90 -DTANSY_TIMELINE=ON -DTANSY_TESTS=OFF > "$OUT/configure-tl.log" 2>&1 || { tail -30 "$OUT/configure-tl.log"; exit 1; }
+  cmake --build build-tl -j 16 --target tansy > "$OUT/build-tl.log" 2>&1 || { grep -E "error" -A5 "$OUT/build-tl.log" | head -40; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+  timeout ${BENCH_TIMEOUT:-300} env TANSY_TIMELINE="$OUT/timeline.txt" build-tl/bin/tansy bench --backend cuda \
+    --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json --contexts ${PROFILE_CONTEXT:-2048} --batches ${PROFILE_BATCHES:-none} \
+    --prompts none --steps 8 --runs 2 "$@" > "$OUT/bench-tl.log" 2>&1 || { tail -20 "$OUT/bench-tl.log"; rc=1; }
+  grep -E "batch|timeline" "$OUT/bench-tl.log"
+  python3 scripts/timeline.py "$OUT/timeline.txt" ${TIMELINE_ARGS:-} > "$OUT/timeline-summary.txt" 2>&1 || rc=1
+  cat "$OUT/timeline-summary.txt"
 fi
 if [ "$what" = tokenizer ] || [ "$what" = all ]; then
   # encode speed on this machine's CPU, ours vs Hugging Face tokenizers (installed here), same text and ids

@@ -44,11 +44,11 @@ namespace tansy::cuda {
 // written by any of those: weights, and state written only in earlier decode steps (steps are separated by
 // plain launches: embed, advance).
 __device__ __forceinline__ void pdl_trigger() {
-#if defined(TANSY_TIMELINE)
-    timeline::mark(0);
-#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
+#endif
+#if defined(TANSY_TIMELINE)
+    timeline::mark(0);  // (after the trigger: the stamp does not delay the next kernel's launch)
 #endif
 }
 __device__ __forceinline__ void pdl_wait() {
@@ -90,9 +90,18 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
 #if defined(TANSY_TIMELINE)
-    timeline::note_launch(reinterpret_cast<const void*>(kernel));
+    timeline::note_launch(reinterpret_cast<const void*>(kernel), grid);
 #endif
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// Before a plain <<<>>> launch of a kernel that calls pdl_trigger (its blocks stamp the timeline): names it in the
+// timeline's launch list as launch_pdl does. Nothing outside a -DTANSY_TIMELINE=ON build.
+template <class Kernel>
+inline void timeline_plain_launch([[maybe_unused]] Kernel kernel, [[maybe_unused]] dim3 grid) {
+#if defined(TANSY_TIMELINE)
+    timeline::note_launch(reinterpret_cast<const void*>(kernel), grid);
+#endif
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

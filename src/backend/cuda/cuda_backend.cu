@@ -440,6 +440,7 @@ class cuda_backend final : public backend {
         cudaGraph_t g;
         CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
         capturing_ = false;
+        timeline_mark("#end");
         if (graph_exec_) CUDA_CHECK(cudaGraphExecDestroy(graph_exec_));
         CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, g, 0));
         CUDA_CHECK(cudaGraphDestroy(g));

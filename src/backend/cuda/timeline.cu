@@ -34,11 +34,11 @@ void register_tu(setter s) {
     if (st().buf) s(st().buf);
 }
 
-void note_launch(const void* kernel) {
+void note_launch(const void* kernel, dim3 grid) {
     if (!st().buf) return;
     const char* name = nullptr;
     if (cudaFuncGetName(&name, kernel) != cudaSuccess || !name) name = "?";
-    note(name);
+    note((std::string(name) + " " + std::to_string(grid.x * grid.y * grid.z)).c_str());
 }
 
 void note(const char* marker) {
@@ -73,7 +73,8 @@ void timeline_stop() {
     if (!f) {
         std::fprintf(stderr, "tansy: cannot write the timeline to %s\n", st().path.c_str());
     } else {
-        // "L name" lines: the PDL launches in order; "R grid block sm event t" lines: the stamps
+        // "L name blocks" lines: the stamping launches in order ("L #capture", "L #end": a graph capture's
+        // bounds); "R grid block sm event t" lines: the stamps
         for (const std::string& n : st().launches) std::fprintf(f, "L %s\n", n.c_str());
         size_t n_rec = 0;
         for (const rec& r : h)

@@ -27,7 +27,7 @@ constexpr size_t k_slots = (size_t)k_grids * k_blocks * 2;
 
 using setter = void (*)(rec*);
 void register_tu(setter s);  // each translation unit's buffer pointer (timeline.cu)
-void note_launch(const void* kernel);  // host: a PDL launch, in order (its name, when recording)
+void note_launch(const void* kernel, dim3 grid);  // host: a stamping launch, in order (its name and grid)
 void note(const char* marker);         // host: a marker in the launch list (a graph capture's start)
 
 namespace {
