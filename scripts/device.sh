@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build + test + bench on the GPU machine in one go (the device tool runs it in a copy of this tree, with
 # .carry from scripts/prepare-device-carry.sh). Results land in $OUT (or ./device-out).
-#   scripts/device.sh [test|bench|all|gtest|profile|detail|source|gdn-check|ab|ab-multi|timeline|tokenizer] [bench args...]
+#   scripts/device.sh [test|bench|all|gtest|profile|detail|source|gdn-check|ab|tokenizer] [extra bench args...]
 #   gtest: FILTER='cuda_gemm*' [MEMCHECK=1] scripts/device.sh gtest
 #   ab:    AB_PATCH=.carry/change.patch AB_REVERSE=1 scripts/device.sh ab --contexts 2048 --batches none --prompts none
 #          AB_ENV='TANSY_DECODE_INT8=0' scripts/device.sh ab   (B: the same binary under that environment)
@@ -19,14 +19,12 @@ deps=$PWD/.carry/deps
 export LD_LIBRARY_PATH=$deps/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$(date +%s)
-if [ "$what" != timeline ]; then  # (the timeline mode builds its own tree, build-tl)
-  cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" \
-    -DTANSY_GTEST_SOURCE="$deps/googletest-src" -DTANSY_CUDA_ARCHS=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  target=all; [ "$what" = gtest ] && target=tansy_cuda_tests
-  [ "$what" = ab-multi ] && target="tansy${AB_TEST_FILTER:+ tansy_cuda_tests}"
-  cmake --build build-dev -j 16 --target $target > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
-  echo "build: $(( $(date +%s) - t0 )) s"
-fi
+cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" \
+  -DTANSY_GTEST_SOURCE="$deps/googletest-src" -DTANSY_CUDA_ARCHS=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+target=all; [ "$what" = gtest ] && target=tansy_cuda_tests
+[ "$what" = ab-multi ] && target="tansy${AB_TEST_FILTER:+ tansy_cuda_tests}"
+cmake --build build-dev -j 16 --target $target > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
 rc=0
 if [ "$what" = test ] || [ "$what" = all ]; then
   ctest --test-dir build-dev -L cuda --output-on-failure --timeout 150 -j 1 > "$OUT/ctest-cuda.log" 2>&1 || rc=1
@@ -185,22 +183,6 @@ if [ "$what" = ab-multi ]; then
     done
   done
   echo "ab-multi: $(( $(date +%s) - t0 )) s in all"
-fi
-if [ "$what" = timeline ]; then
-  # one decode step's timeline inside the graph (src/backend/cuda/timeline.cuh): a second build with
-  # -DTANSY_TIMELINE=ON, the bench at context ${PROFILE_CONTEXT:-2048} (batches: ${PROFILE_BATCHES:-none}), then
-  # scripts/timeline.py (TIMELINE_ARGS, e.g. --all for every kernel in order). Extra args go to the bench (one
-  # context and no prompts: the step is the last graph captured).
-  cmake -S . -B build-tl -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" -DTANSY_GTEST_SOURCE="$deps/googletest-src" \
-    -DTANSY_CUDA_ARCHS=90 -DTANSY_TIMELINE=ON -DTANSY_TESTS=OFF > "$OUT/configure-tl.log" 2>&1 || { tail -30 "$OUT/configure-tl.log"; exit 1; }
-  cmake --build build-tl -j 16 --target tansy > "$OUT/build-tl.log" 2>&1 || { grep -E "error" -A5 "$OUT/build-tl.log" | head -40; exit 1; }
-  echo "build: $(( $(date +%s) - t0 )) s"
-  timeout ${BENCH_TIMEOUT:-300} env TANSY_TIMELINE="$OUT/timeline.txt" build-tl/bin/tansy bench --backend cuda \
-    --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json --contexts ${PROFILE_CONTEXT:-2048} --batches ${PROFILE_BATCHES:-none} \
-    --prompts none --steps 8 --runs 2 "$@" > "$OUT/bench-tl.log" 2>&1 || { tail -20 "$OUT/bench-tl.log"; rc=1; }
-  grep -E "batch|timeline" "$OUT/bench-tl.log"
-  python3 scripts/timeline.py "$OUT/timeline.txt" ${TIMELINE_ARGS:-} > "$OUT/timeline-summary.txt" 2>&1 || rc=1
-  cat "$OUT/timeline-summary.txt"
 fi
 if [ "$what" = tokenizer ] || [ "$what" = all ]; then
   # encode speed on this machine's CPU, ours vs Hugging Face tokenizers (installed here), same text and ids

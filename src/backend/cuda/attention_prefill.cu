@@ -238,7 +238,6 @@ void launch_prefill(const attn_params& p, cudaStream_t stream) {
     // upper bound on the tiles of the long spans: sum of ceil(n/64) <= ceil(T/64) + n_spans
     const int64_t tiles = ((int64_t)p.T + BLOCK_M - 1) / BLOCK_M + p.n_spans;
     TANSY_CHECK(tiles <= 65535, "cuda attention prefill: %lld row tiles", (long long)tiles);
-    timeline_plain_launch(prefill_kernel<DH, HPC, BN, KV8>, dim3((unsigned)(p.Hq / HPC), (unsigned)tiles));
     prefill_kernel<DH, HPC, BN, KV8><<<dim3((unsigned)(p.Hq / HPC), (unsigned)tiles), C::THREADS, C::SMEM, stream>>>(p);
 }
 

@@ -31,8 +31,6 @@ enum class dfmt : uint8_t { q4, q8, bf16 };
 
 // Everything below is device code: visible to nvcc only (tests include the .cuh launchers from plain C++).
 #if defined(__CUDACC__)
-#include "backend/cuda/timeline.cuh"
-
 namespace tansy::cuda {
 
 // Programmatic dependent launch (sm_90): a kernel launched with launch_pdl() may start while the previous
@@ -47,16 +45,10 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
-#if defined(TANSY_TIMELINE)
-    timeline::mark(0);  // (after the trigger: the stamp does not delay the next kernel's launch)
-#endif
 }
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-#if defined(TANSY_TIMELINE)
-    timeline::mark(1);
 #endif
 }
 
@@ -89,19 +81,7 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
-#if defined(TANSY_TIMELINE)
-    timeline::note_launch(reinterpret_cast<const void*>(kernel), grid);
-#endif
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-
-// Before a plain <<<>>> launch of a kernel that calls pdl_trigger (its blocks stamp the timeline): names it in the
-// timeline's launch list as launch_pdl does. Nothing outside a -DTANSY_TIMELINE=ON build.
-template <class Kernel>
-inline void timeline_plain_launch([[maybe_unused]] Kernel kernel, [[maybe_unused]] dim3 grid) {
-#if defined(TANSY_TIMELINE)
-    timeline::note_launch(reinterpret_cast<const void*>(kernel), grid);
-#endif
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

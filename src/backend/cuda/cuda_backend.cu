@@ -17,7 +17,6 @@
 #include "backend/cuda/misc.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/sample.cuh"
-#include "backend/cuda/timeline_host.h"
 #include "backend/cuda/weights_dev.h"
 #include "core/fp8.h"
 #include "core/log.h"
@@ -101,7 +100,6 @@ class cuda_backend final : public backend {
         CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
-        timeline_start();  // (TANSY_TIMELINE=FILE, in a -DTANSY_TIMELINE=ON build: timeline.cuh)
         sh_.kvd = cfg.kv_dim();
         sh_.hkv = cfg.n_kv_heads;
         sh_.conv_rows = cfg.conv_kernel - 1;
@@ -123,7 +121,6 @@ class cuda_backend final : public backend {
         inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
     }
     ~cuda_backend() override {
-        timeline_stop();
         if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
         cudaEventDestroy(ev_fork_);
         cudaEventDestroy(ev_join_);
@@ -199,17 +196,12 @@ class cuda_backend final : public backend {
         const int T = (int)x.rows;
         const float* nw = weights_.vec(norm);
         const float* xin = f32(x);
-        // lm_head alone (no projection group) takes the norm in its prologue only as measured: one row, fast mode,
-        // 4-bit (the per-warp kernel, 132 blocks). Elsewhere (a decode batch, precise mode, an 8- or 16-bit
-        // lm_head: the plain GEMV's ~19K blocks would each norm all T rows) it is normalised once first.
-        const bool lone = Ws.size() == 1 && !weights_.grouped(*Ws[0]);
-        const bool lone_prologue = lone && T == 1 && !precise_gemm_ && weights_.mat(*Ws[0]).fmt == dfmt::q4;
-        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows || (lone && !lone_prologue)) {  // normalise once
+        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows) {  // normalise once, not in every block's prologue
             float* a = ws_norm_.ensure((size_t)x.numel());
             rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
             xin = a, nw = nullptr;
         }
-        if (lone) {  // one matrix of no group (lm_head after the final norm)
+        if (Ws.size() == 1 && !weights_.grouped(*Ws[0])) {  // one matrix of no group (lm_head after the final norm)
             TANSY_CHECK(Ws[0]->cols == x.cols && outs[0].cols == Ws[0]->rows && outs[0].rows == x.rows,
                         "project %s shapes", Ws[0]->name.c_str());
             const gemv_segment seg{f32(outs[0]), outs[0].cols, 0};
@@ -433,14 +425,12 @@ class cuda_backend final : public backend {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         capturing_ = true;
-        timeline_mark("#capture");
     }
     void capture_end() override {
         TANSY_CHECK(capturing_, "capture_end without capture_begin");
         cudaGraph_t g;
         CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
         capturing_ = false;
-        timeline_mark("#end");
         if (graph_exec_) CUDA_CHECK(cudaGraphExecDestroy(graph_exec_));
         CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, g, 0));
         CUDA_CHECK(cudaGraphDestroy(g));

@@ -570,7 +570,6 @@ void launch_rt(const gemv_params& p, int L, cudaStream_t stream) {
     const int64_t blocks = (p.W.rows + per_block - 1) / per_block;
     // token groups across blocks when the rows alone leave SMs idle (>= 2 blocks per SM otherwise)
     const int64_t groups = std::min<int64_t>((p.T + TB - 1) / TB, std::max<int64_t>(1, 2 * sm_count() / blocks));
-    timeline_plain_launch(gemv_kernel<F, R, TB>, dim3((unsigned)blocks, (unsigned)groups));
     gemv_kernel<F, R, TB><<<dim3((unsigned)blocks, (unsigned)groups), k_warps * 32, 0, stream>>>(p, L);
 }
 

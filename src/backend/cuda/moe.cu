@@ -804,7 +804,6 @@ void moe_topk(const moe_routing& r, int T, int E, int k, cudaStream_t stream) {
     TANSY_CHECK(k >= 1 && k <= k_max_topk && k <= E && E <= k_max_experts, "moe_topk: k=%d E=%d", k, E);
     if (T == 0) return;
     constexpr int warps = 4;
-    timeline_plain_launch(topk_kernel, dim3((unsigned)((T + warps - 1) / warps)));
     topk_kernel<<<(T + warps - 1) / warps, warps * 32, 0, stream>>>(r, T, E, k);
     CUDA_CHECK_LAUNCH();
 }
@@ -906,18 +905,9 @@ void moe_route_gate_up(float* h, const dmoe& m, const moe_routing& r, const floa
     const int64_t rows = std::max(m.F, m.Fs), per_block = (int64_t)k_warps * (32 / L) * R;
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block), (unsigned)(T * (m.k + 1)));
     switch (f) {
-        case dfmt::q4:
-            timeline_plain_launch(gate_up_kernel<dfmt::q4, R>, grid);
-            gate_up_kernel<dfmt::q4, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, f16, L, rows);
-            break;
-        case dfmt::q8:
-            timeline_plain_launch(gate_up_kernel<dfmt::q8, R>, grid);
-            gate_up_kernel<dfmt::q8, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, f16, L, rows);
-            break;
-        case dfmt::bf16:
-            timeline_plain_launch(gate_up_kernel<dfmt::bf16, R>, grid);
-            gate_up_kernel<dfmt::bf16, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, f16, L, rows);
-            break;
+        case dfmt::q4: gate_up_kernel<dfmt::q4, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, f16, L, rows); break;
+        case dfmt::q8: gate_up_kernel<dfmt::q8, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, f16, L, rows); break;
+        case dfmt::bf16: gate_up_kernel<dfmt::bf16, R><<<grid, k_warps * 32, 0, stream>>>(h, m, idx, x, ldx, norm_w, eps, f16, L, rows); break;
     }
     CUDA_CHECK_LAUNCH();
 }
