@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Build + test + bench on the GPU machine in one go (the device tool runs it in a copy of this tree, with
 # .carry from scripts/prepare-device-carry.sh). Results land in $OUT (or ./device-out).
-#   scripts/device.sh [test|bench|all|gtest|profile|detail|source|gdn-check|ab|tokenizer] [extra bench args...]
+#   scripts/device.sh [test|bench|all|gtest|profile|detail|source|gdn-check|ab|ab-multi|tokenizer] [extra bench args...]
 #   gtest: FILTER='cuda_gemm*' [MEMCHECK=1] scripts/device.sh gtest
 #   ab:    AB_PATCH=.carry/change.patch AB_REVERSE=1 scripts/device.sh ab --contexts 2048 --batches none --prompts none
 #          AB_ENV='TANSY_DECODE_INT8=0' scripts/device.sh ab   (B: the same binary under that environment)
 #          AB_TEST_FILTER='cuda_ops.*:cuda_attention*' also runs those CUDA tests on the patched tree (B)
-#   ab-list: AB_LIST='post-wait-loads post-wait-loads+gdn-norm-in-out-proj' scripts/device.sh ab-list [bench args]
-#          one ab per item against this tree; an item names docs/experiments patches, '+' applies them in order
-#   ab-multi: AB_LIST=... [AB_TEST_FILTER=...] scripts/device.sh ab-multi [bench args]   (-NAME: NAME reversed)
-#          the same items, cheaper: each variant is an incremental rebuild of this tree with its patches applied
-#          in place (then reverted), and the benches alternate over all variants (A B1 B2 ..) ${AB_ROUNDS:-2} times
+#   ab-multi: AB_LIST='post-wait-loads post-wait-loads+gdn-norm-in-out-proj' [AB_TEST_FILTER=...] scripts/device.sh ab-multi [bench args]
+#          an item names docs/experiments patches ('+' applies them in order, -NAME one reversed); each variant is
+#          an incremental rebuild of this tree with its patches applied in place (then reverted), and the benches
+#          alternate over all variants (A B1 B2 ..) ${AB_ROUNDS:-2} times
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -135,15 +134,6 @@ if [ "$what" = ab ] && [ -n "${AB_TEST_FILTER:-}" ] && [ -z "${AB_ENV:-}" ]; the
     || { grep -E "error" -A5 "$OUT/build-b-tests.log" | head -40; exit 1; }
   timeout ${GTEST_TIMEOUT:-300} /tmp/ab/build-dev/tests/tansy_cuda_tests --gtest_filter="$AB_TEST_FILTER" > "$OUT/gtest-b.log" 2>&1 || rc=1
   grep -E "^\[  (FAILED|PASSED) |^\[  SKIPPED \] [0-9]|Failure|Expected|Which is" "$OUT/gtest-b.log" | head -30
-fi
-if [ "$what" = ab-list ]; then
-  for item in ${AB_LIST:?set AB_LIST}; do
-    echo "######## $item"
-    patch_file="$OUT/$(echo "$item" | tr '+' '_').patch"
-    : > "$patch_file"
-    for name in $(echo "$item" | tr '+' ' '); do cat "docs/experiments/$name.patch" >> "$patch_file" || exit 1; done
-    OUT="$OUT/$(echo "$item" | tr '+' '_')" AB_PATCH="$patch_file" "$0" ab "$@" | grep -vE "^NVIDIA|^build" || rc=1
-  done
 fi
 if [ "$what" = ab-multi ]; then
   rm -rf /tmp/abm && mkdir -p /tmp/abm/A && cp build-dev/bin/tansy /tmp/abm/A/

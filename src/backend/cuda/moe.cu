@@ -280,7 +280,8 @@ __global__ void __launch_bounds__(k_stream_threads)
 // waits only for its own rows (cp.async groups and __syncwarp), so a row is used as soon as it lands, no block
 // waits for a 16-row tile, and there is no barrier per tile. Every warp selects the top-k itself (batches) or,
 // from the router tap (one token), the last warp selects while the others stage the input (int8, xq.cuh), whose
-// one barrier publishes the choice; the shared expert's rows, first in each warp's order, stream before the PDL wait. At one token each warp has 2-3 rows: all in flight at once.
+// one barrier publishes the choice; the shared expert's rows, first in each warp's order, stream before the PDL
+// wait. At one token each warp has 2-3 rows: all in flight at once.
 constexpr int k_gu_warp_slots = 3;
 
 __host__ __device__ inline int64_t gate_up_row_bytes(const dmat& G) { return 2 * G.row_words() * 4 + 2 * G.n_groups() * 4; }
