@@ -35,6 +35,7 @@ struct gemv_case {
     int T;
     bool norm, accumulate;
     bool f16 = false;  // gemv_params::f16_inputs (fast mode): the twin rounds x the same way
+    int group = 64;    // affine formats: columns per scale/bias
 };
 
 class cuda_gemv : public ::testing::TestWithParam<gemv_case> {};
@@ -44,7 +45,7 @@ TEST_P(cuda_gemv, matches_cpu_twin) {
     const gemv_case g = GetParam();
     const dfmt f = g.fmt == 0 ? dfmt::q4 : g.fmt == 1 ? dfmt::q8 : dfmt::bf16;
     std::mt19937 rng((uint32_t)(g.rows * 131 + g.cols * 7 + g.T));
-    test::test_matrix W(f, g.rows, g.cols, rng());  // host matrix (checkpoint format) + its device copy
+    test::test_matrix W(f, g.rows, g.cols, rng(), g.group);  // host matrix (checkpoint format) + its device copy
     const matrix& m = W.m;
     auto x = test::random_normal((size_t)(g.T * g.cols), rng(), 2.0f);
     auto nw = test::random_uniform((size_t)g.cols, rng(), 0.5f, 1.5f);
@@ -119,7 +120,13 @@ INSTANTIATE_TEST_SUITE_P(
                       gemv_case{0, 1001, 2048, 12, true, true, true}, gemv_case{0, 4099, 2048, 16, true, false, true},
                       gemv_case{0, 2051, 4096, 16, false, true, true}, gemv_case{0, 2051, 4096, 9, true, false, true},
                       // enough 16-row tiles per block that the ring's slots are reused
-                      gemv_case{0, 40009, 2048, 8, false, false, true}));
+                      gemv_case{0, 40009, 2048, 8, false, false, true},
+                      // 2..16 rows, the per-warp tensor-core kernel (v10): one 64-column block (one k-chunk:
+                      // stores straight from the lanes), 3 blocks (a ragged step), groups of 128 columns, fewer
+                      // rows than one 16-row block, several k-chunks folded, an odd number of rows per block
+                      gemv_case{0, 100, 64, 5, false, true, true}, gemv_case{0, 17, 192, 3, true, true, true},
+                      gemv_case{0, 300, 1024, 16, false, true, true, 128}, gemv_case{0, 5, 4096, 13, true, false, true},
+                      gemv_case{0, 2131, 2048, 11, true, true, true}, gemv_case{0, 12352, 2048, 16, true, false, true}));
 
 // Several outputs from one concatenated matrix (the fused projections).
 TEST(cuda_gemv_segments, rows_land_in_their_tensors) {
