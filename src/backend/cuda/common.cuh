@@ -227,18 +227,21 @@ __device__ __forceinline__ void stage_x(float (&xv)[CPL][CH], float (&sx)[CPL], 
 }
 
 // Inverse RMS of T (<= 16) rows of n floats (n % 4 == 0), computed by the whole block with 16-byte loads:
-// one memory round trip per 4 rows instead of a serial walk (one per row took ~11 us for a 16-row decode
-// batch). Result in s_inv[t]; ends with a barrier. Each row's sum runs in the same order whatever T is.
+// one memory round trip per RT rows instead of a serial walk (one per row took ~11 us for a 16-row decode
+// batch). Result in s_inv[t]; ends with a barrier. Each row's sum runs in the same order whatever T and RT are.
+template <int RT = 4>  // rows whose loads are in flight together (registers: 4 RT per pass)
 __device__ __forceinline__ void block_inv_rms_rows(float* s_inv, const float* x, int64_t ldx, int T, int64_t n,
                                                    float eps) {
     __shared__ float red[16][32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    for (int t0 = 0; t0 < T; t0 += 4) {
-        float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int t0 = 0; t0 < T; t0 += RT) {
+        float ss[RT];
+#pragma unroll
+        for (int u = 0; u < RT; u++) ss[u] = 0.0f;
 #pragma unroll 2
         for (int64_t i = 4 * threadIdx.x; i < n; i += 4 * blockDim.x) {
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < RT; u++) {
                 if (t0 + u < T) {
                     const float4 v = *reinterpret_cast<const float4*>(x + (t0 + u) * ldx + i);
                     ss[u] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
@@ -246,7 +249,7 @@ __device__ __forceinline__ void block_inv_rms_rows(float* s_inv, const float* x,
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < RT; u++) {
             const float v = warp_sum(ss[u]);
             if (lane == 0 && t0 + u < T) red[t0 + u][warp] = v;
         }
