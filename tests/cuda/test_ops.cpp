@@ -134,6 +134,39 @@ TEST(cuda_ops, router_tap_other_shapes) {
     }
 }
 
+// The DeltaNet decode recurrence at other conv kernels than the models' 4: K - 1 <= 3 keeps the new conv window in
+// registers (2, 3), more reads it back at the end (5). Two sequences through decode-sized spans only (the prompt
+// path, gdn_prefill, takes K = 4 alone): spans shorter and longer than the window, then single tokens.
+TEST(cuda_ops, deltanet_conv_kernels) {
+    TANSY_REQUIRE_GPU();
+    for (int K : {2, 3, 5}) {
+        SCOPED_TRACE("conv kernel " + std::to_string(K));
+        model_config c = tiny_config();
+        c.conv_kernel = K;
+        auto p = make_pair(c, /*precise_gemm=*/true);
+        const layer_weights& gl = p->m.w.layers[0];
+        std::vector<std::unique_ptr<seq_state>> s_cpu, s_gpu;
+        for (int i = 0; i < 2; i++) s_cpu.push_back(p->cpu->new_state(64)), s_gpu.push_back(p->gpu->new_state(64));
+        uint32_t seed = 3000;
+        for (auto [na, nb] : std::vector<std::pair<int, int>>{{1, 2}, {1, 1}, {6, 1}, {1, 16}, {2, 1}, {1, 1}}) {
+            const int T = na + nb;
+            auto spans = [&](std::vector<std::unique_ptr<seq_state>>& s) {
+                return std::vector<seq_span>{{s[0].get(), 0, na, s[0]->n_past()}, {s[1].get(), na, nb, s[1]->n_past()}};
+            };
+            twin qkv(*p, T, c.lin_conv_dim(), seed++), z(*p, T, c.lin_value_dim(), seed++),
+                b(*p, T, c.lin_v_heads, seed++), a(*p, T, c.lin_v_heads, seed++), o(*p, T, c.lin_value_dim());
+            auto sc = spans(s_cpu), sg = spans(s_gpu);
+            p->cpu->gdn(o.c.t(), qkv.c.t(), z.c.t(), b.c.t(), a.c.t(), gl.gdn, 0, sc, gdn_mode::auto_select);
+            p->gpu->gdn(o.g.t(), qkv.g.t(), z.g.t(), b.g.t(), a.g.t(), gl.gdn, 0, sg, gdn_mode::auto_select);
+            EXPECT_LT(o.diff(*p), TOL_FP32_OP) << "gdn step " << na << "+" << nb;
+            p->cpu->end_step(sc);
+            p->gpu->end_step(sg);
+            for (auto* s : {&s_cpu, &s_gpu})
+                (*s)[0]->set_n_past((*s)[0]->n_past() + na), (*s)[1]->set_n_past((*s)[1]->n_past() + nb);
+        }
+    }
+}
+
 TEST(cuda_ops, embed_and_argmax) {
     TANSY_REQUIRE_GPU();
     auto p = make_pair(tiny_config());
