@@ -122,8 +122,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // enough 16-row tiles per block that the ring's slots are reused
                       gemv_case{0, 40009, 2048, 8, false, false, true},
                       // 2..16 rows, the per-warp tensor-core kernel (v10): one 64-column block (one k-chunk:
-                      // stores straight from the lanes), 3 blocks (a ragged step), groups of 128 columns, fewer
-                      // rows than one 16-row block, several k-chunks folded, an odd number of rows per block
+                      // stores straight from the lanes), 3 blocks (3 k-chunks of one block each), groups of 128
+                      // columns, fewer rows than one 16-row block, several k-chunks folded, an odd number of rows
+                      // per block
                       gemv_case{0, 100, 64, 5, false, true, true}, gemv_case{0, 17, 192, 3, true, true, true},
                       gemv_case{0, 300, 1024, 16, false, true, true, 128}, gemv_case{0, 5, 4096, 13, true, false, true},
                       gemv_case{0, 2131, 2048, 11, true, true, true}, gemv_case{0, 12352, 2048, 16, true, false, true}));
