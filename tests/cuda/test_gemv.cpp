@@ -112,14 +112,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // a 3-slot ring of 32-row tiles, a 6-slot ring of few rows, many tiles per block)
                       gemv_case{0, 3, 1024, 1, true, true, true}, gemv_case{0, 40009, 2048, 1, true, false, true},
                       gemv_case{0, 1001, 4096, 1, true, true, true}, gemv_case{0, 77, 2048, 1, true, false, true},
-                      // fp16 inputs, 2..8 rows: the tensor-core GEMV's batched form (one dequantisation, 8 columns)
+                      // fp16 inputs, 2..8 rows: the tensor-core GEMV (gemv_mma_warp_kernel; one dequantisation, 8 columns)
                       gemv_case{0, 4099, 2048, 8, false, true, true}, gemv_case{0, 2051, 4096, 4, false, false, true},
                       gemv_case{0, 77, 1024, 2, false, false, true},
-                      // 9..16 rows: two n8 column groups per mma A fragment where 16 rows' x fits (K = 2048), else
-                      // launches of 8 rows (K = 4096)
+                      // 9..16 rows: two n8 column groups per mma A fragment, K = 2048 and 4096 alike (one launch)
                       gemv_case{0, 1001, 2048, 12, true, true, true}, gemv_case{0, 4099, 2048, 16, true, false, true},
                       gemv_case{0, 2051, 4096, 16, false, true, true}, gemv_case{0, 2051, 4096, 9, true, false, true},
-                      // enough 16-row tiles per block that the ring's slots are reused
+                      // many 16-row blocks per thread block: several items per warp
                       gemv_case{0, 40009, 2048, 8, false, false, true},
                       // 2..16 rows, the per-warp tensor-core kernel (v10): one 64-column block (one k-chunk:
                       // stores straight from the lanes), 3 blocks (3 k-chunks of one block each), groups of 128
