@@ -9,7 +9,8 @@
 #   ab-multi: AB_LIST='post-wait-loads post-wait-loads+gdn-norm-in-out-proj' [AB_TEST_FILTER=...] scripts/device.sh ab-multi [bench args]
 #          an item names docs/experiments patches ('+' applies them in order, -NAME one reversed); each variant is
 #          an incremental rebuild of this tree with its patches applied in place (then reverted), and the benches
-#          alternate over all variants (A B1 B2 ..) ${AB_ROUNDS:-2} times
+#          alternate over all variants (A B1 B2 ..) ${AB_ROUNDS:-2} times; NAMES@VAR=value,VAR2=value runs that
+#          build under that environment (built once per set of patches; '@VAR=value' alone: this tree's binary)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -136,11 +137,17 @@ if [ "$what" = ab ] && [ -n "${AB_TEST_FILTER:-}" ] && [ -z "${AB_ENV:-}" ]; the
   grep -E "^\[  (FAILED|PASSED) |^\[  SKIPPED \] [0-9]|Failure|Expected|Which is" "$OUT/gtest-b.log" | head -30
 fi
 if [ "$what" = ab-multi ]; then
-  rm -rf /tmp/abm && mkdir -p /tmp/abm/A && cp build-dev/bin/tansy /tmp/abm/A/
-  variants=(A)
+  rm -rf /tmp/abm && mkdir -p /tmp/abm/A && cp build-dev/bin/tansy /tmp/abm/A/ && : > /tmp/abm/A/env
+  variants=(A); declare -A built=(["p:"]=A)
   for item in ${AB_LIST:?set AB_LIST}; do
-    v=$(echo "$item" | tr '+' '_'); names=$(echo "$item" | tr '+' ' '); applied=()
+    # PATCHES@VAR=value,VAR2=value: those patches' binary under that environment (no patches: this tree's)
+    pp=${item%%@*}; envs=; [ "$pp" != "$item" ] && envs=$(echo "${item#*@}" | tr ',' ' ')
+    v=$(echo "$item" | tr -c 'a-zA-Z0-9_\n-' '_'); names=$(echo "$pp" | tr '+' ' '); applied=()
     echo "######## $item"
+    if [ -n "${built["p:$pp"]:-}" ]; then  # the same patches as an earlier variant: its binary
+      mkdir -p /tmp/abm/$v && cp /tmp/abm/${built["p:$pp"]}/tansy /tmp/abm/$v/ && echo "$envs" > /tmp/abm/$v/env && variants+=("$v")
+      continue
+    fi
     for name in $names; do  # -NAME: the patch reversed (B = this tree without a change it holds)
       rev=; [ "${name#-}" != "$name" ] && rev=-R
       patch -p1 -s $rev --no-backup-if-mismatch < "docs/experiments/${name#-}.patch" || { echo "ab-multi: $name does not apply"; break; }
@@ -149,7 +156,8 @@ if [ "$what" = ab-multi ]; then
     if [ ${#applied[@]} -eq $(echo $names | wc -w) ]; then
       t1=$(date +%s)
       if cmake --build build-dev -j 16 --target $target > "$OUT/build-$v.log" 2>&1; then
-        mkdir -p /tmp/abm/$v && cp build-dev/bin/tansy /tmp/abm/$v/ && variants+=("$v")
+        mkdir -p /tmp/abm/$v && cp build-dev/bin/tansy /tmp/abm/$v/ && echo "$envs" > /tmp/abm/$v/env && variants+=("$v")
+        built["p:$pp"]=$v
         echo "build: $(( $(date +%s) - t1 )) s"
         if [ -n "${AB_TEST_FILTER:-}" ]; then
           timeout ${GTEST_TIMEOUT:-300} build-dev/tests/tansy_cuda_tests --gtest_filter="$AB_TEST_FILTER" > "$OUT/gtest-$v.log" 2>&1 || rc=1
@@ -168,7 +176,7 @@ if [ "$what" = ab-multi ]; then
   for i in $(seq ${AB_ROUNDS:-2}); do
     for v in "${variants[@]}"; do
       echo "== $v round $i"
-      timeout 200 /tmp/abm/$v/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json --steps 16 --runs 5 "${args[@]}" 2>&1 \
+      timeout 200 env $(cat /tmp/abm/$v/env) /tmp/abm/$v/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json --steps 16 --runs 5 "${args[@]}" 2>&1 \
         | grep -E "^ *batch +[0-9]+ context|prompt +[0-9]+:"
     done
   done
