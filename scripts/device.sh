@@ -19,6 +19,12 @@ deps=$PWD/.carry/deps
 export LD_LIBRARY_PATH=$deps/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$(date +%s)
+# Files an earlier ab-multi patched and reverted in place: this call's fresh copy of the tree gives them their old
+# mtimes again, older than the objects of the last variant built, so ninja would keep those objects: touch them.
+if [ -f build-dev/.ab-touched ]; then
+  sort -u build-dev/.ab-touched | while read -r f; do [ -f "$f" ] && touch "$f"; done
+  rm -f build-dev/.ab-touched
+fi
 cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANSY_DEPS_DIR="$deps" \
   -DTANSY_GTEST_SOURCE="$deps/googletest-src" -DTANSY_CUDA_ARCHS=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 target=all; [ "$what" = gtest ] && target=tansy_cuda_tests
@@ -150,6 +156,7 @@ if [ "$what" = ab-multi ]; then
     fi
     for name in $names; do  # -NAME: the patch reversed (B = this tree without a change it holds)
       rev=; [ "${name#-}" != "$name" ] && rev=-R
+      grep '^+++ b/' "docs/experiments/${name#-}.patch" | cut -c7- >> build-dev/.ab-touched
       patch -p1 -s $rev --no-backup-if-mismatch < "docs/experiments/${name#-}.patch" || { echo "ab-multi: $name does not apply"; break; }
       applied=("$name" "${applied[@]}")
     done
