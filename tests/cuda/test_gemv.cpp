@@ -126,7 +126,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // per block
                       gemv_case{0, 100, 64, 5, false, true, true}, gemv_case{0, 17, 192, 3, true, true, true},
                       gemv_case{0, 300, 1024, 16, false, true, true, 128}, gemv_case{0, 5, 4096, 13, true, false, true},
-                      gemv_case{0, 2131, 2048, 11, true, true, true}, gemv_case{0, 12352, 2048, 16, true, false, true}));
+                      gemv_case{0, 2131, 2048, 11, true, true, true}, gemv_case{0, 12352, 2048, 16, true, false, true},
+                      // the same kernel: one k-chunk of 8 steps per item (lm_head's plan at 16 rows), items of 13
+                      // blocks (steps of 4, 4, 4 and 1), groups of 256, 15 rows
+                      gemv_case{0, 33779, 2048, 16, true, true, true}, gemv_case{0, 33779, 832, 7, true, true, true},
+                      gemv_case{0, 500, 1024, 6, false, true, true, 256}, gemv_case{0, 1500, 2048, 15, true, false, true},
+                      // groups of 32: the ring tensor-core kernel's several-row form (tokens_dot)
+                      gemv_case{0, 300, 1024, 5, false, true, true, 32}, gemv_case{0, 77, 2048, 12, true, false, true, 32}));
 
 // Several outputs from one concatenated matrix (the fused projections).
 TEST(cuda_gemv_segments, rows_land_in_their_tensors) {
@@ -159,4 +165,35 @@ TEST(cuda_gemv_segments, rows_land_in_their_tensors) {
         for (int r = 0; r < 25; r++) EXPECT_NEAR(b[t * 25 + r], want[t * rows + 10 + r], 1e-4);
         for (int r = 0; r < 5; r++) EXPECT_NEAR(c[t * 5 + r], want[t * rows + 35 + r], 1e-4);
     }
+}
+
+// The same with 4-bit rows and fp16 inputs for 5 rows (the tensor-core kernels' stores), segment boundaries inside
+// 16-row blocks.
+TEST(cuda_gemv_segments, q4_rows_land_in_their_tensors) {
+    TANSY_REQUIRE_GPU();
+    const int64_t rows = 40, cols = 128;
+    const int T = 5;
+    test::test_matrix W(dfmt::q4, rows, cols, 11);
+    auto x = test::random_normal((size_t)(T * cols), 12, 2.0f);
+    cuda::device_buffer dx(x.size() * 4), o1(T * 10 * 4), o2(T * 25 * 4), o3(T * 5 * 4);
+    dx.upload(x.data(), dx.size());
+    cuda::gemv_params p;
+    p.W = W.d;
+    p.x = (const float*)dx.get(), p.ldx = cols, p.T = T, p.f16_inputs = true;
+    p.seg[0] = {(float*)o1.get(), 10, 0};
+    p.seg[1] = {(float*)o2.get(), 25, 10};
+    p.seg[2] = {(float*)o3.get(), 5, 35};
+    p.n_seg = 3;
+    cuda::gemv(p, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> xr = x;
+    for (float& v : xr) v = round_f16_host(v);
+    std::vector<float> want((size_t)(T * rows)), got((size_t)(T * rows));
+    cpu::matmul(want.data(), xr.data(), T, W.m);
+    std::vector<float> a(T * 10), b(T * 25), c(T * 5);
+    o1.download(a.data(), a.size() * 4), o2.download(b.data(), b.size() * 4), o3.download(c.data(), c.size() * 4);
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++)
+            got[(size_t)(t * rows + r)] = r < 10 ? a[t * 10 + r] : r < 35 ? b[t * 25 + r - 10] : c[t * 5 + r - 35];
+    EXPECT_LT(test::rel_error(got, want), TOL_GEMV_REL);
 }

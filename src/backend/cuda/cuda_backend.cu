@@ -115,7 +115,7 @@ class cuda_backend final : public backend {
         ws_tiles_.epoch = ws_y_.epoch = ws_gdn_work_.epoch = &epoch_;
         ws_a16_.epoch = ws_m16_.epoch = ws_h16_.epoch = &epoch_;
         rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
-        tap_ = device_buffer((size_t)(cfg.n_experts + 1) * 8);
+        tap_ = device_buffer((size_t)(cfg.n_experts + 1) * k_tap_stride * 8);
         CUDA_CHECK(cudaMemset(tap_.get(), 0, tap_.size()));
         inv_freq_ = device_buffer(inv.size() * sizeof(double));
         inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
@@ -196,12 +196,17 @@ class cuda_backend final : public backend {
         const int T = (int)x.rows;
         const float* nw = weights_.vec(norm);
         const float* xin = f32(x);
-        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows) {  // normalise once, not in every block's prologue
+        // lm_head alone (no projection group) takes the norm in its prologue only in fast mode at 4 bits (the
+        // per-warp kernels, ~132 blocks). In precise mode or at 8/16 bits the plain GEMV's ~19K blocks would each
+        // norm all T rows: it is normalised once first.
+        const bool lone = Ws.size() == 1 && !weights_.grouped(*Ws[0]);
+        const bool lone_prologue = lone && !precise_gemm_ && weights_.mat(*Ws[0]).fmt == dfmt::q4;
+        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows || (lone && !lone_prologue)) {  // normalise once
             float* a = ws_norm_.ensure((size_t)x.numel());
             rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
             xin = a, nw = nullptr;
         }
-        if (Ws.size() == 1 && !weights_.grouped(*Ws[0])) {  // one matrix of no group (lm_head after the final norm)
+        if (lone) {  // one matrix of no group (lm_head after the final norm)
             TANSY_CHECK(Ws[0]->cols == x.cols && outs[0].cols == Ws[0]->rows && outs[0].rows == x.rows,
                         "project %s shapes", Ws[0]->name.c_str());
             const gemv_segment seg{f32(outs[0]), outs[0].cols, 0};
@@ -441,7 +446,7 @@ class cuda_backend final : public backend {
     }
 
   private:
-    // The router tap's fixed-point logits [E + 1]: zero at allocation, and zeroed again by moe_down after each use.
+    // The router tap's fixed-point logits [E + 1] (stride k_tap_stride): zero at allocation, and zeroed again by moe_down after each use.
     unsigned long long* tap_logits() { return (unsigned long long*)tap_.get(); }
 
     static bool use_gemm(int T, std::initializer_list<const dmat*> Ws) {

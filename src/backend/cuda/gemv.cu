@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(k_stream_threads) gemv_warp_kernel(const gemv_
                     d = fmaf(byte_to_float(w[k], c), v, d), sx += v;
                 }
             const long long q = __float2ll_rn((sb_scale(rsb) * d + sb_bias(rsb) * sx) * k_tap_logit_scale);
-            atomicAdd(p.tap.logits + threadIdx.x, (unsigned long long)q);  // two's complement: signed sums wrap right
+            atomicAdd(p.tap.logits + threadIdx.x * k_tap_stride, (unsigned long long)q);  // two's complement: signed sums wrap right
         }
     }
 }

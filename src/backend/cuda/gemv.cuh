@@ -45,10 +45,13 @@ struct gemv_segment {
 // decode differ between runs): k_tap_logit_scale units per 1, at most ~3e-8 off per part, where fp32 logits of
 // |l| ~ 1-10 carry ~1e-7 - 1e-6 of rounding anyway.
 constexpr float k_tap_logit_scale = 16777216.0f;  // 2^24
+// Logit e sits at logits[e * k_tap_stride], one 128-byte line each: packed, the 257 logits' 33K atomics (128
+// blocks each) queued on a few L2 slices.
+constexpr int k_tap_stride = 16;
 struct gemv_router_tap {
     dmat R;                                // [router; shared-expert gate] rows, 8-bit, R.cols == the GEMV's rows
     const float* nw = nullptr;             // the MoE norm's weights [R.cols]
-    unsigned long long* logits = nullptr;  // [R.rows] += R (nw * out) in fixed point (zero before)
+    unsigned long long* logits = nullptr;  // [R.rows] (stride k_tap_stride) += R (nw * out) in fixed point (zero before)
 };
 
 struct gemv_params {

@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(k_stream_threads)
         // came two L2 round trips after the wait (tap, then x) instead of one (H200 2K: 674.4 -> 680.5 tok/s).
         constexpr int sel = W - 1;
         __shared__ int s_ids[k_max_topk];
-        auto logit = [&](int e) { return (float)(long long)route.tap[e] * (1.0f / k_tap_logit_scale); };
+        auto logit = [&](int e) { return (float)(long long)route.tap[e * k_tap_stride] * (1.0f / k_tap_logit_scale); };
         float my_val = 0.0f;  // lane j < k: expert j's logit (+ bias)
         const float gate_logit = logit(m.E);
         auto select = [&](float scale) {  // (loads the logits itself: nothing held across the staging)
@@ -655,7 +655,7 @@ __global__ void __launch_bounds__(k_stream_threads)
     }
     pdl_wait();  // routing and h come from gate/up
     if (zero_tap && blockIdx.x == 0)  // gate/up, which read them, has completed: zero for the next tap
-        for (int e = threadIdx.x; e <= m.E; e += blockDim.x) zero_tap[e] = 0ull;
+        for (int e = threadIdx.x; e <= m.E; e += blockDim.x) zero_tap[e * k_tap_stride] = 0ull;
     // lane j <= k: slot j's first row in its matrix (the shared expert's for j == k) and weight
     const int64_t my_row0 = lane < m.k ? (int64_t)idx[t * m.k + lane] * m.D : 0;
     const float my_w = lane < m.k ? wt[t * m.k + lane] : lane == m.k ? sig[t] : 0.0f;

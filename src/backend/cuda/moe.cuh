@@ -28,7 +28,7 @@ struct moe_routing {
     int64_t ld = 0;
     const float* bias = nullptr;
     // Instead of logits, one token (T == 1, moe_tap_supports): the router tap's fixed-point logits of the
-    // unnormalised input ([E + 1], gemv_router_tap), which the gate/up kernel scales by the norm's 1/rms; moe_down
+    // unnormalised input ([E + 1], stride k_tap_stride: gemv_router_tap), which the gate/up kernel scales by the norm's 1/rms; moe_down
     // zeroes them again for the next tap (pass it as zero_tap).
     unsigned long long* tap = nullptr;
     int32_t* idx = nullptr;
