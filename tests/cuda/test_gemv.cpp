@@ -21,6 +21,9 @@ constexpr double TOL_GEMV_NORM_F16_REL = 1e-4;
 // Fast mode's int8 inputs (xq.cuh: two-level int8 per 32 values, at most max|x| / 64516 off per value, ~2e-5
 // relative on these random rows); the twin takes the unrounded values. A layout error is ~1e-1.
 constexpr double TOL_GEMV_INT8_REL = 1e-4;
+// bf16 weights, fp32 inputs of ~1 over 64 columns: only the summation order differs (~1e-6); a row in the wrong
+// tensor is off by ~1.
+constexpr float TOL_GEMV_SEG_ABS = 1e-4f;
 
 using cuda::dfmt;
 
@@ -134,6 +137,26 @@ INSTANTIATE_TEST_SUITE_P(
                       // groups of 32: the ring tensor-core kernel's several-row form (tokens_dot)
                       gemv_case{0, 300, 1024, 5, false, true, true, 32}, gemv_case{0, 77, 2048, 12, true, false, true, 32}));
 
+// Runs p (its W of 40 rows, x and T set) with the rows split over three tensors, rows [0, 10), [10, 35) and
+// [35, 40) (a concatenated projection's outputs), and returns the T x 40 results gathered back in row order.
+static std::vector<float> gemv_three_segments(cuda::gemv_params p) {
+    const int T = p.T, n[3] = {10, 25, 5}, row0[3] = {0, 10, 35};
+    cuda::device_buffer o[3] = {cuda::device_buffer((size_t)T * 10 * 4), cuda::device_buffer((size_t)T * 25 * 4),
+                                cuda::device_buffer((size_t)T * 5 * 4)};
+    for (int i = 0; i < 3; i++) p.seg[i] = {(float*)o[i].get(), n[i], row0[i]};
+    p.n_seg = 3;
+    cuda::gemv(p, 0);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> got((size_t)T * 40);
+    for (int i = 0; i < 3; i++) {
+        std::vector<float> part((size_t)T * n[i]);
+        o[i].download(part.data(), part.size() * 4);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < n[i]; r++) got[(size_t)(t * 40 + row0[i] + r)] = part[(size_t)(t * n[i] + r)];
+    }
+    return got;
+}
+
 // Several outputs from one concatenated matrix (the fused projections).
 TEST(cuda_gemv_segments, rows_land_in_their_tensors) {
     TANSY_REQUIRE_GPU();
@@ -142,29 +165,18 @@ TEST(cuda_gemv_segments, rows_land_in_their_tensors) {
     auto v = test::random_normal(dense.size(), 3);
     for (size_t i = 0; i < v.size(); i++) dense[i] = f32_to_bf16(v[i]);
     auto x = test::random_normal((size_t)(2 * cols), 4);
-    cuda::device_buffer dw(dense.size() * 2), dx(x.size() * 4), o1(2 * 10 * 4), o2(2 * 25 * 4), o3(2 * 5 * 4);
+    cuda::device_buffer dw(dense.size() * 2), dx(x.size() * 4);
     dw.upload(dense.data(), dw.size());
     dx.upload(x.data(), dx.size());
     cuda::gemv_params p;
     p.W = {cuda::dfmt::bf16, rows, cols, 0, (const uint32_t*)dw.get(), nullptr};
     p.x = (const float*)dx.get(), p.ldx = cols, p.T = 2;
-    p.seg[0] = {(float*)o1.get(), 10, 0};
-    p.seg[1] = {(float*)o2.get(), 25, 10};
-    p.seg[2] = {(float*)o3.get(), 5, 35};
-    p.n_seg = 3;
-    cuda::gemv(p, 0);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = gemv_three_segments(p);
     matrix m;
     m.fmt = wfmt::dense, m.type = dtype::bf16, m.rows = rows, m.cols = cols, m.w = (const uint8_t*)dense.data();
     std::vector<float> want((size_t)(2 * rows));
     cpu::matmul(want.data(), x.data(), 2, m);
-    std::vector<float> a(20), b(50), c(10);
-    o1.download(a.data(), 80), o2.download(b.data(), 200), o3.download(c.data(), 40);
-    for (int t = 0; t < 2; t++) {
-        for (int r = 0; r < 10; r++) EXPECT_NEAR(a[t * 10 + r], want[t * rows + r], 1e-4);
-        for (int r = 0; r < 25; r++) EXPECT_NEAR(b[t * 25 + r], want[t * rows + 10 + r], 1e-4);
-        for (int r = 0; r < 5; r++) EXPECT_NEAR(c[t * 5 + r], want[t * rows + 35 + r], 1e-4);
-    }
+    for (size_t i = 0; i < want.size(); i++) EXPECT_NEAR(got[i], want[i], TOL_GEMV_SEG_ABS) << "row " << i % rows;
 }
 
 // The same with 4-bit rows and fp16 inputs for 5 rows (the tensor-core kernels' stores), segment boundaries inside
@@ -175,25 +187,15 @@ TEST(cuda_gemv_segments, q4_rows_land_in_their_tensors) {
     const int T = 5;
     test::test_matrix W(dfmt::q4, rows, cols, 11);
     auto x = test::random_normal((size_t)(T * cols), 12, 2.0f);
-    cuda::device_buffer dx(x.size() * 4), o1(T * 10 * 4), o2(T * 25 * 4), o3(T * 5 * 4);
+    cuda::device_buffer dx(x.size() * 4);
     dx.upload(x.data(), dx.size());
     cuda::gemv_params p;
     p.W = W.d;
     p.x = (const float*)dx.get(), p.ldx = cols, p.T = T, p.f16_inputs = true;
-    p.seg[0] = {(float*)o1.get(), 10, 0};
-    p.seg[1] = {(float*)o2.get(), 25, 10};
-    p.seg[2] = {(float*)o3.get(), 5, 35};
-    p.n_seg = 3;
-    cuda::gemv(p, 0);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = gemv_three_segments(p);
     std::vector<float> xr = x;
     for (float& v : xr) v = round_f16_host(v);
-    std::vector<float> want((size_t)(T * rows)), got((size_t)(T * rows));
+    std::vector<float> want((size_t)(T * rows));
     cpu::matmul(want.data(), xr.data(), T, W.m);
-    std::vector<float> a(T * 10), b(T * 25), c(T * 5);
-    o1.download(a.data(), a.size() * 4), o2.download(b.data(), b.size() * 4), o3.download(c.data(), c.size() * 4);
-    for (int t = 0; t < T; t++)
-        for (int r = 0; r < rows; r++)
-            got[(size_t)(t * rows + r)] = r < 10 ? a[t * 10 + r] : r < 35 ? b[t * 25 + r - 10] : c[t * 5 + r - 35];
     EXPECT_LT(test::rel_error(got, want), TOL_GEMV_REL);
 }
