@@ -45,6 +45,20 @@ class buffer {
     std::shared_ptr<void> mem_;
 };
 
+// Sampling parameters of one sequence slot as backend::sample_rows reads them (f32 [slots, 4]).
+constexpr int64_t k_row_sampling_cols = 4;
+// The device draws rows of temperature > 0 with top-k 1..k_device_max_top_k (top-p and min-p on top); other
+// sampled rows are drawn on the host from downloaded logits (their slot holds temperature 0: an argmax).
+constexpr int k_device_max_top_k = 64;
+inline bool row_samples_on_device(const sampling_params& p, int64_t n_valid) {
+    return p.temperature > 0 && p.top_k >= 1 && p.top_k <= k_device_max_top_k && p.top_k < n_valid;
+}
+inline void pack_row_sampling(float out[k_row_sampling_cols], const sampling_params& p, int64_t n_valid) {
+    const bool dev = row_samples_on_device(p, n_valid);
+    out[0] = dev ? p.temperature : 0.0f;
+    out[1] = (float)p.top_k, out[2] = p.top_p, out[3] = p.min_p;
+}
+
 class backend {
   public:
     virtual ~backend() = default;
@@ -130,15 +144,38 @@ class backend {
         fail("backend %s: sampling in backend memory is not supported", name());
     }
 
-    // ---- graphs: a fixed sequence of ops recorded once and replayed (CUDA graphs). Backends without them
-    // return false from supports_graphs() and the caller runs the ops eagerly.
+    // Per-row sampling for a batch whose rows belong to sequence slots (runtime/decode_step.h): row r is slot
+    // row_slot[r] (int32 [rows, 1]); params holds each slot's sampling parameters (f32 [slots, 4]: temperature,
+    // top_k, top_p, min_p; see pack_row_sampling) and rng each slot's splitmix64 state ([slots, 2] i32, one u64).
+    // ids_out[r] must already hold row r's argmax (backend::argmax); rows whose slot samples (temperature > 0
+    // and row_samples_on_device) are replaced by a draw that advances the slot's rng, as tansy::sampler draws.
+    virtual void sample_rows(const tensor& ids_out, const tensor& logits, int64_t n_valid, const tensor& params,
+                             const tensor& rng, const tensor& row_slot) = 0;
+    // out[r] = vals[row_slot[r]] and vals[row_slot[r]] = in[r] (int32 [rows, 1]; vals [slots, 1]).
+    virtual void gather_slots(const tensor& out, const tensor& vals, const tensor& row_slot) = 0;
+    virtual void scatter_slots(const tensor& vals, const tensor& in, const tensor& row_slot) = 0;
+
+    // ---- asynchronous host copies: pinned host memory, copies queued behind the ops, and fences to wait on.
+    virtual std::shared_ptr<void> alloc_host(size_t bytes);
+    virtual void download_async(void* dst, const tensor& src) { download(dst, src); }
+    // A point in the queue of ops; wait_fence(f) returns once every op queued before fence() has finished.
+    virtual uint64_t fence() { return 0; }
+    virtual void wait_fence(uint64_t f) {}
+
+    // ---- graphs: a fixed sequence of ops recorded once and replayed (CUDA graphs), several kept by key.
+    // Backends without them return false from supports_graphs() and the caller runs the ops eagerly.
     virtual bool supports_graphs() const { return false; }
-    // Changes whenever memory that a captured graph refers to moves or a cached batch layout changes: a graph
-    // captured at another epoch must be captured again before replay.
+    // Changes whenever memory that a captured graph refers to moves: a graph captured at another epoch must be
+    // captured again before replay. (A batch's structure is not part of it: see prepare_step.)
     virtual uint64_t memory_epoch() const { return 0; }
     virtual void capture_begin() {}
-    virtual void capture_end() {}
-    virtual void replay() {}
+    virtual void capture_end(uint64_t key = 0) {}
+    virtual void replay(uint64_t key = 0) {}
+    virtual bool has_graph(uint64_t key) const { return false; }
+    virtual void drop_graph(uint64_t key) {}
+    // Makes the device-side tables of a batch (row -> sequence, sequence -> state) those of `spans`: a replayed
+    // step reads them, so call this before each replay whose batch differs from the last op's.
+    virtual void prepare_step(const std::vector<seq_span>& spans) {}
 
     // Benchmarks only: mark `n` tokens as already processed without computing them (the KV cache and state
     // keep whatever they hold). Lets a decode benchmark start at a long context instantly.

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "runtime/decode_step.h"
 
 namespace tansy {
 
@@ -38,51 +39,32 @@ double decode_bytes_per_step(const model& m, int64_t B, int64_t ctx, bool kv_fp8
 bench_point bench_decode(engine& eng, int64_t B, int64_t ctx, const bench_options& o) {
     using clock = std::chrono::steady_clock;
     backend& be = eng.be();
-    forward_pass& fw = eng.fwd();
     const int64_t total_steps = (int64_t)o.warmup + 2 + (int64_t)o.runs * o.steps;
     std::vector<std::unique_ptr<seq_state>> states;
-    std::vector<seq_span> spans;
+    // the step the scheduler and generate run (runtime/decode_step.h), greedy: each step one graph replay, queued
+    // back to back as a server queues steps ahead of its host work
+    decode_step step(eng, (int)B);
+    std::vector<decode_step::row> rows;
     for (int64_t b = 0; b < B; b++) {
         states.push_back(eng.new_sequence(ctx + total_steps + 1));
         be.pretend_context(*states.back(), ctx);
-        spans.push_back({states.back().get(), b, 1, ctx});
+        step.bind((int)b, sampling_params{});
+        step.set_token((int)b, (int32_t)((b * 7919 + 17) % eng.n_valid_tokens()));
+        rows.push_back({(int)b, states.back().get()});
     }
-    buffer ids = be.alloc(B, 1, dtype::i32);
-    std::vector<int32_t> start((size_t)B);
-    for (int64_t b = 0; b < B; b++) start[(size_t)b] = (int32_t)((b * 7919 + 17) % eng.n_valid_tokens());
-    be.upload(ids.t(), start.data());
-    auto step = [&] {
-        for (seq_span& s : spans) s.pos0 = s.state->n_past();
-        be.argmax(ids.t(), fw.run(ids.t(), spans, logits_rows::last), eng.n_valid_tokens());
-    };
-    step();  // settles buffers and the batch layout
+    step.wait(step.launch(rows));  // settles buffers and the batch layout
+    step.wait(step.launch(rows));  // captures the step's graph
     bench_point r;
     r.batch = B, r.context = ctx;
     r.graphs = be.supports_graphs();
-    if (r.graphs) {
-        for (seq_span& s : spans) s.pos0 = s.state->n_past();
-        be.capture_begin();
-        be.argmax(ids.t(), fw.run(ids.t(), spans, logits_rows::last), eng.n_valid_tokens());
-        be.capture_end();
-        be.replay();
-    } else {
-        step();
-    }
-    auto one = [&] {
-        if (r.graphs) {
-            be.replay();
-            for (auto& s : states) s->set_n_past(s->n_past() + 1);
-        } else {
-            step();
-        }
-    };
-    for (int i = 0; i < o.warmup; i++) one();
-    be.synchronize();
+    uint64_t last = 0;
+    for (int i = 0; i < o.warmup; i++) last = step.launch(rows);
+    if (last) step.wait(last);
     std::vector<double> per_step;
     for (int run = 0; run < o.runs; run++) {
         auto t0 = clock::now();
-        for (int i = 0; i < o.steps; i++) one();
-        be.synchronize();
+        for (int i = 0; i < o.steps; i++) last = step.launch(rows);
+        step.wait(last);
         per_step.push_back(std::chrono::duration<double>(clock::now() - t0).count() / o.steps);
     }
     std::sort(per_step.begin(), per_step.end());

@@ -8,7 +8,6 @@
 #include "core/check.h"
 #include "loader/load_model.h"
 #include "quant/quantize_model.h"
-#include "sampling/sampler_math.h"
 
 #ifndef TANSY_DEFAULT_MODEL_DIR
 #define TANSY_DEFAULT_MODEL_DIR "models/tiny-chat-q4"
@@ -49,7 +48,6 @@ void engine::init(const engine_options& opt) {
     fwd_ = std::make_unique<forward_pass>(*backend_, *model_);
     if (opt.prefill_chunk > 0) fwd_->prefill_chunk = opt.prefill_chunk;
     fwd_->gdn = opt.gdn;
-    tok_ = backend_->alloc(1, 1, dtype::i32);
     n_valid_ = model_->cfg.vocab;
 }
 
@@ -78,30 +76,23 @@ generation_stats engine::generate(seq_state& st, const generation_request& req,
     gs.prompt_tokens = (int64_t)req.prompt.size();
     if (req.max_tokens <= 0) return gs;
     backend& be = *backend_;
-    const bool greedy = req.sampling.temperature == 0.0f;
     sampler smp(req.sampling, n_valid_);  // validates the parameters
-    const bool device_sampling = !greedy && req.device_sampling && be.can_sample(req.sampling, n_valid_);
-    buffer rng;  // the device sampler's splitmix64 state: the host sampler's start for this seed
-    if (device_sampling) {
-        rng = be.alloc(1, 2, dtype::i32);
-        const uint64_t st = sampling_math::rng_start(req.sampling.seed);
-        be.upload(rng.t(), &st);
-    }
-    const tensor tok = tok_.t();
+    // Sampling the device does not draw (or device_sampling off) is drawn here from downloaded logits; the
+    // slot then holds temperature 0 and the host's choice overwrites its argmax.
+    const bool host_draw = req.sampling.temperature > 0 &&
+                           (!req.device_sampling || !row_samples_on_device(req.sampling, n_valid_));
+    const bool graphs = req.use_graphs && be.supports_graphs();
+    if (!dec_ || dec_graphs_ != graphs) dec_ = std::make_unique<decode_step>(*this, 1, graphs), dec_graphs_ = graphs;
+    decode_step& ds = *dec_;
+    sampling_params dev_params = req.sampling;
+    if (host_draw) dev_params.temperature = 0;
+    ds.bind(0, dev_params);
     std::vector<float> host_logits;
-    // The next token into `tok`: on the device for greedy and for the sampling the backend supports, through the
-    // host sampler otherwise.
-    auto pick = [&](const tensor& logits) {
-        if (greedy) return be.argmax(tok, logits, n_valid_);
-        if (device_sampling) return be.sample(tok, logits, n_valid_, req.sampling, rng.t());
-        host_logits.resize((size_t)logits.numel());
-        be.download(host_logits.data(), logits);
+    auto host_pick = [&](const tensor& logits) {
+        host_logits.resize((size_t)logits.cols);
+        be.download(host_logits.data(), logits.rows_view(logits.rows - 1, 1));
         const int32_t id = smp.sample(host_logits.data(), logits.cols);
-        be.upload(tok, &id);
-    };
-    auto read_tok = [&] {
-        int32_t id;
-        be.download(&id, tok);
+        ds.set_token(0, id);
         return id;
     };
     auto emit = [&](int32_t id) {
@@ -115,40 +106,21 @@ generation_stats engine::generate(seq_state& st, const generation_request& req,
     if (!prompt_ids_ || prompt_ids_.t().rows < T) prompt_ids_ = be.alloc(T, 1, dtype::i32);
     const tensor pids = prompt_ids_.t().rows_view(0, T);
     be.upload(pids, req.prompt.data());
-    pick(fwd_->prefill(pids, st, logits_rows::last));
-    int32_t id = read_tok();
+    const tensor plog = fwd_->prefill(pids, st, logits_rows::last);
+    int32_t id = host_draw ? host_pick(plog) : ds.pick_prompt(0, plog);
     gs.prefill_s = secs(t0);
     if (!emit(id)) return gs;
 
     auto t1 = clock::now();
-    const bool graphs = req.use_graphs && (greedy || device_sampling) && be.supports_graphs();
-    bool warm = false, captured = false;
-    uint64_t epoch_be = 0, epoch_fw = 0;
-    auto epochs_match = [&] { return be.memory_epoch() == epoch_be && fwd_->memory_epoch() == epoch_fw; };
+    const std::vector<decode_step::row> rows = {{0, &st}};
     for (;;) {
-        const std::vector<seq_span> span = {seq_span{&st, 0, 1, st.n_past()}};
-        if (graphs && captured && epochs_match()) {
-            be.replay();
-            st.set_n_past(st.n_past() + 1);  // the host mirror of what the replayed step did on the device
-            gs.graphs = true;
-        } else if (graphs && warm) {
-            // Record one decode step (its buffers and batch layout are settled by the eager step before),
-            // then run it: capture only records.
-            be.capture_begin();
-            pick(fwd_->run(tok, span, logits_rows::last));
-            be.capture_end();
-            be.replay();
-            captured = true;
-            epoch_be = be.memory_epoch(), epoch_fw = fwd_->memory_epoch();
-        } else {
-            pick(fwd_->run(tok, span, logits_rows::last));
-            warm = true;
-        }
-        id = read_tok();
+        id = ds.wait(ds.launch(rows))[0];
+        if (host_draw) id = host_pick(ds.logits());
         if (!emit(id)) break;
     }
     be.synchronize();
     gs.decode_s = secs(t1);
+    gs.graphs = graphs;
     return gs;
 }
 

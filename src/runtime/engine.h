@@ -1,6 +1,7 @@
 // Owns a loaded model, a backend with its weights bound, and a forward pass: what every CLI command and the
-// server start from. generate() is the decode loop: the sampled token stays in backend memory and feeds the
-// next step; with a greedy sampler on a backend with graphs, each decode step is one graph replay.
+// server start from. generate() decodes one sequence through decode_step (runtime/decode_step.h), the step the
+// scheduler and the bench run too: the sampled token stays in backend memory and feeds the next step, and each
+// step is one graph replay on a backend with graphs.
 #pragma once
 #include <functional>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "backend/backend.h"
 #include "model/forward.h"
 #include "model/weights.h"
+#include "runtime/decode_step.h"
 #include "sampling/sampler.h"
 
 namespace tansy {
@@ -84,7 +86,9 @@ class engine {
     std::unique_ptr<model> model_;
     std::unique_ptr<backend> backend_;
     std::unique_ptr<forward_pass> fwd_;
-    buffer prompt_ids_, tok_;
+    std::unique_ptr<decode_step> dec_;  // generate()'s one-slot step
+    bool dec_graphs_ = false;
+    buffer prompt_ids_;
     int64_t n_valid_ = 0;
 };
 

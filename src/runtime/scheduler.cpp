@@ -33,10 +33,13 @@ struct scheduler::sequence {
     sequence_request req;
     sampler smp;
     std::unique_ptr<seq_state> st;
-    int32_t next = -1;  // the token the next decode step feeds (-1: not prefilled yet)
+    int slot = -1;          // its decode_step slot, from admission until swept
+    bool started = false;   // prompt prefilled: its next token is in its slot (backend memory)
     int64_t prefilled = 0;  // prompt tokens processed so far (prompts advance a chunk per scheduler step)
     size_t need = 0;        // state bytes it was admitted on (a state that grows on demand shows less until filled)
     int64_t generated = 0;
+    int64_t in_flight = 0;  // decode steps launched for it whose token is not emitted yet
+    bool host_always = false;  // every token is chosen on the host (penalties, log-probs, sampling the device does not draw)
     bool done = false;
     std::unordered_map<int32_t, int> counts;  // generated ids (presence/frequency penalties)
     std::unordered_set<int32_t> seen;         // prompt and generated ids (repetition penalty)
@@ -59,7 +62,8 @@ scheduler::scheduler(engine& eng, scheduler_options opt) : eng_(eng), opt_(opt) 
     per_token_bytes_ = preallocated_ ? (b2 - b1 + 1023) / 1024
                                      : (size_t)2 * (size_t)c.n_full_attention() * (size_t)c.kv_dim() * sizeof(float);
     ids_ = eng_.be().alloc(opt_.max_batch, 1, dtype::i32);
-    argmax_ = eng_.be().alloc(opt_.max_batch, 1, dtype::i32);
+    step_ = std::make_unique<decode_step>(eng_, opt_.max_batch);
+    for (int i = opt_.max_batch - 1; i >= 0; i--) free_slots_.push_back(i);
     stats_.state_budget = opt_.state_budget;
     // note: omp_set_num_threads (engine_options::threads) holds for the thread that called it; a new thread
     // starts from the process default, so the engine thread inherits the caller's setting explicitly.
@@ -143,9 +147,12 @@ void scheduler::finish(sequence& s, finish_reason r, const std::string& error) {
 }
 
 bool scheduler::needs_host_logits(const sequence& s) const {
-    return s.req.sampling.temperature > 0.0f || s.req.penalties.any() || s.req.logprobs >= 0 ||
-           (s.req.constraint && s.req.constraint->active());
+    return s.host_always || (s.req.constraint && s.req.constraint->active());
 }
+
+// A row whose next pick may depend on its last token on the host (a grammar that turns on after the reasoning,
+// host-chosen tokens): its steps are not queued ahead of the host.
+static bool sync_row(const sequence_request& r, bool host_always) { return host_always || r.constraint != nullptr; }
 
 // row: the sequence's raw logits on the host (nullptr when it needs none); device_argmax: the backend's argmax
 // of the same row (what engine::generate feeds back for greedy decoding).
@@ -205,7 +212,6 @@ void scheduler::emit(sequence& s, token_event ev) {
     ev.t = sched_clock::now();
     s.generated++;
     generated_total_++;
-    s.next = id;
     if (s.req.penalties.frequency != 0.0f || s.req.penalties.presence != 0.0f) s.counts[id]++;
     if (s.req.penalties.repetition != 1.0f) s.seen.insert(id);
     if (s.req.constraint) s.req.constraint->accept(id);
@@ -240,18 +246,19 @@ void scheduler::prefill_chunk(sequence& s) {
         s.prefill_s += std::chrono::duration<double>(sched_clock::now() - t0).count();
         return;
     }
-    const tensor am = argmax_.t().rows_view(0, 1);
-    be.argmax(am, logits, eng_.n_valid_tokens());
-    int32_t dev = 0;
-    be.download(&dev, am);
-    const float* row = nullptr;
+    // the first token into the sequence's slot, picked as a decode step picks; a host-chosen one replaces it
+    const int32_t dev = step_->pick_prompt(s.slot, logits);
+    token_event ev;
+    ev.id = dev;
     if (needs_host_logits(s)) {
         host_logits_.resize((size_t)logits.numel());
         be.download(host_logits_.data(), logits);
-        row = host_logits_.data();
+        ev = choose(s, host_logits_.data(), dev, scratch_);
+        if (ev.id != dev) step_->set_token(s.slot, ev.id);
     }
+    s.started = true;
     s.prefill_s += std::chrono::duration<double>(sched_clock::now() - t0).count();
-    emit(s, choose(s, row, dev, scratch_));
+    emit(s, std::move(ev));
 }
 
 // Advances the prompts being prefilled by a chunk each, in admission order, up to prefill_budget tokens per
@@ -269,7 +276,7 @@ void scheduler::prefill_step() {
         budget -= n;
         try {
             prefill_chunk(s);
-            if (s.next >= 0) prompt_total_ += s.req.prompt.size();
+            if (s.started) prompt_total_ += s.req.prompt.size();
         } catch (const std::exception& e) {
             s.st.reset();
             finish(s, finish_reason::error, e.what());
@@ -277,48 +284,46 @@ void scheduler::prefill_step() {
     }
 }
 
-void scheduler::decode() {
+// The sequences that can take one more decode step, in admission order.
+std::vector<scheduler::sequence*> scheduler::decodable() const {
     std::vector<sequence*> batch;
-    for (auto& s : active_)
-        if (!s->done && s->next >= 0) batch.push_back(s.get());
-    if (batch.empty()) return;
-    backend& be = eng_.be();
-    const int64_t B = (int64_t)batch.size();
-    if (ids_.t().rows < B) ids_ = be.alloc(B, 1, dtype::i32);
-    if (argmax_.t().rows < B) argmax_ = be.alloc(B, 1, dtype::i32);
-    std::vector<int32_t> ids((size_t)B);
-    std::vector<seq_span> spans;
-    for (int64_t i = 0; i < B; i++) {
-        ids[(size_t)i] = batch[(size_t)i]->next;
-        seq_state* st = batch[(size_t)i]->st.get();
-        spans.push_back(seq_span{st, i, 1, st->n_past()});
-    }
-    const tensor idt = ids_.t().rows_view(0, B);
-    be.upload(idt, ids.data());
-    const tensor logits = eng_.fwd().run(idt, spans, logits_rows::last);
-    const tensor am = argmax_.t().rows_view(0, B);
-    be.argmax(am, logits, eng_.n_valid_tokens());
-    std::vector<int32_t> dev((size_t)B);
-    be.download(dev.data(), am);
-    bool any_host = false;
-    for (sequence* s : batch) any_host = any_host || needs_host_logits(*s);
-    if (any_host) {
-        host_logits_.resize((size_t)logits.numel());
-        be.download(host_logits_.data(), logits);
-    }
-    const int64_t V = logits.cols;
+    for (const auto& s : active_)
+        if (!s->done && s->started && s->generated + s->in_flight < s->req.max_tokens) batch.push_back(s.get());
+    return batch;
+}
+
+// Emits the tokens of the step in flight, if any. Rows of sequences that ended meanwhile (a stop token in the
+// step before, a cancellation) are dropped: that token was computed ahead and is not theirs to report.
+void scheduler::drain() {
+    if (!pending_) return;
+    step_in_flight p = std::move(*pending_);
+    pending_.reset();
+    const int32_t* toks = step_->wait(p.ticket);
+    const int64_t B = (int64_t)p.rows.size();
+    std::vector<int32_t> dev(toks, toks + B);
+    for (sequence* s : p.rows) s->in_flight--;
+    // Host-chosen rows (sync steps only): their logits rows come down, and the choice replaces the slot's token.
     // Sampling a 248K-token row costs ~0.1-1 ms on the host: the rows are chosen in parallel (each touches only
-    // its own sequence), then emitted in batch order. Constrained rows stay on this thread (a grammar's state
-    // is the request's own, but its matcher need not be thread-safe).
+    // its own sequence), then emitted in batch order. Constrained rows stay on this thread (a grammar's state is
+    // the request's own, but its matcher need not be thread-safe).
     std::vector<token_event> ev((size_t)B);
-    std::vector<const float*> rows((size_t)B);
-    std::vector<char> parallel_row((size_t)B);  // decided here: the worker threads touch nothing shared
-    int64_t n_parallel = 0;
+    std::vector<char> host((size_t)B), parallel_row((size_t)B);
+    int64_t n_host = 0, n_parallel = 0;
     for (int64_t i = 0; i < B; i++) {
-        const sequence& s = *batch[(size_t)i];
-        rows[(size_t)i] = any_host && needs_host_logits(s) ? host_logits_.data() + i * V : nullptr;
-        parallel_row[(size_t)i] = rows[(size_t)i] && !s.req.constraint;
+        const sequence& s = *p.rows[(size_t)i];
+        ev[(size_t)i].id = dev[(size_t)i];
+        host[(size_t)i] = !s.done && needs_host_logits(s);
+        parallel_row[(size_t)i] = host[(size_t)i] && !s.req.constraint;
+        n_host += host[(size_t)i];
         n_parallel += parallel_row[(size_t)i];
+    }
+    const tensor& logits = step_->logits();
+    const int64_t V = logits.cols;
+    if (n_host > 0) {
+        TANSY_CHECK(p.sync, "scheduler: a host-chosen row in a queued-ahead step");
+        host_logits_.resize((size_t)(B * V));
+        for (int64_t i = 0; i < B; i++)
+            if (host[(size_t)i]) eng_.be().download(host_logits_.data() + i * V, logits.rows_view(i, 1));
     }
     std::vector<std::exception_ptr> failed((size_t)B);  // an exception must not leave an OpenMP region
 #pragma omp parallel if (n_parallel > 1)
@@ -328,21 +333,52 @@ void scheduler::decode() {
         for (int64_t i = 0; i < B; i++) {
             if (!parallel_row[(size_t)i]) continue;
             try {
-                ev[(size_t)i] = choose(*batch[(size_t)i], rows[(size_t)i], dev[(size_t)i], scratch);
+                ev[(size_t)i] = choose(*p.rows[(size_t)i], host_logits_.data() + i * V, dev[(size_t)i], scratch);
             } catch (...) {
                 failed[(size_t)i] = std::current_exception();
             }
         }
     }
     for (int64_t i = 0; i < B; i++) {
-        sequence& s = *batch[(size_t)i];
+        sequence& s = *p.rows[(size_t)i];
+        if (s.done) continue;
         if (failed[(size_t)i]) std::rethrow_exception(failed[(size_t)i]);  // as if chosen here, in order
-        if (!parallel_row[(size_t)i]) ev[(size_t)i] = choose(s, rows[(size_t)i], dev[(size_t)i], scratch_);
+        if (host[(size_t)i] && !parallel_row[(size_t)i])
+            ev[(size_t)i] = choose(s, host_logits_.data() + i * V, dev[(size_t)i], scratch_);
+        if (host[(size_t)i] && ev[(size_t)i].id != dev[(size_t)i]) step_->set_token(s.slot, ev[(size_t)i].id);
         emit(s, std::move(ev[(size_t)i]));
     }
+}
+
+// One decode step over every decodable sequence. A step whose rows all pick on the device is queued ahead: the
+// next step is launched before this one's tokens are read, so the host's work (emitting, the next iteration's
+// bookkeeping) overlaps the device's. A batch with host-chosen rows, or whose membership changed, waits first.
+void scheduler::decode() {
+    std::vector<sequence*> batch = decodable();
+    bool sync = false;
+    for (sequence* s : batch) sync = sync || sync_row(s->req, s->host_always);
+    const bool ahead = pending_ && !sync && !pending_->sync && batch == pending_->rows;
+    if (!ahead) {
+        drain();
+        batch = decodable();  // emitting may have ended some
+        sync = false;
+        for (sequence* s : batch) sync = sync || sync_row(s->req, s->host_always);
+    }
+    if (batch.empty()) return;
+    std::vector<decode_step::row> rows;
+    rows.reserve(batch.size());
+    for (sequence* s : batch) rows.push_back({s->slot, s->st.get()});
+    step_in_flight next;
+    next.ticket = step_->launch(rows);
+    next.rows = batch;
+    next.sync = sync;
+    for (sequence* s : batch) s->in_flight++;
+    if (ahead) drain();  // the step before, while this one runs
+    pending_ = std::move(next);
+    if (sync) drain();
     std::lock_guard<std::mutex> lk(mu_);
     stats_.steps++;
-    stats_.decode_rows += (uint64_t)B;
+    stats_.decode_rows += (uint64_t)batch.size();
 }
 
 // Freed sequence states stay in the allocator's free lists (glibc keeps large freed blocks in its arenas once
@@ -354,9 +390,15 @@ void scheduler::release_free_memory() {
 #endif
 }
 
+// Ended sequences leave the batch and free their state and slot, except those in the step still in flight (it
+// writes their state): they go once it has been drained.
 void scheduler::sweep_finished() {
-    active_.erase(std::remove_if(active_.begin(), active_.end(), [](const auto& s) { return s->done; }),
-                  active_.end());
+    auto gone = [&](const std::unique_ptr<sequence>& s) {
+        if (!s->done || s->in_flight > 0) return false;
+        if (s->slot >= 0) free_slots_.push_back(s->slot);
+        return true;
+    };
+    active_.erase(std::remove_if(active_.begin(), active_.end(), gone), active_.end());
 }
 
 void scheduler::loop() {
@@ -413,6 +455,15 @@ void scheduler::loop() {
             sequence& seq = *s;
             active_.push_back(std::move(s));
             try {
+                TANSY_CHECK(!free_slots_.empty(), "scheduler: no free decode slot");
+                seq.slot = free_slots_.back();
+                free_slots_.pop_back();
+                const sampling_params& sp = seq.req.sampling;
+                seq.host_always = seq.req.penalties.any() || seq.req.logprobs >= 0 ||
+                                  (sp.temperature > 0 && !row_samples_on_device(sp, eng_.n_valid_tokens()));
+                sampling_params on_device = sp;
+                if (seq.host_always) on_device.temperature = 0;  // the slot's pick is an argmax the host replaces
+                step_->bind(seq.slot, on_device);
                 seq.st = eng_.new_sequence(capacity_for((int64_t)seq.req.prompt.size() + seq.req.max_tokens));
             } catch (const std::exception& e) {
                 seq.st.reset();
@@ -420,16 +471,25 @@ void scheduler::loop() {
             }
         }
         sweep_finished();
-        prefill_step();
-        sweep_finished();
+        bool prompts = false;
+        for (const auto& s : active_) prompts = prompts || (!s->done && s->st && !s->started);
         try {
+            if (prompts) drain();  // a prompt's chunk changes the batch the device runs: the queued step goes first
+            prefill_step();
+            sweep_finished();
             decode();
         } catch (const std::exception& e) {
             // the batch's states are now inconsistent: end every sequence that was in it
             TANSY_WARN("scheduler: decode step failed: %s", e.what());
-            for (auto& s : active_)
-                if (s->next >= 0) finish(*s, finish_reason::error, e.what());
+            pending_.reset();
+            eng_.be().synchronize();
+            for (auto& s : active_) {
+                s->in_flight = 0;
+                if (s->started) finish(*s, finish_reason::error, e.what());
+            }
         }
+        if (!active_.empty() && std::all_of(active_.begin(), active_.end(), [](const auto& s) { return s->done; }))
+            drain();  // nothing left to decode: the step in flight holds only ended rows
         sweep_finished();
         size_t bytes = 0;
         for (const auto& s : active_) bytes += s->st ? s->st->bytes() : 0;

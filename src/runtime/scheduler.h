@@ -20,11 +20,13 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_set>
 #include <vector>
 
+#include "runtime/decode_step.h"
 #include "runtime/engine.h"
 #include "sampling/sampler.h"
 
@@ -145,6 +147,14 @@ class scheduler {
     bool needs_host_logits(const sequence& s) const;
     int64_t capacity_for(int64_t tokens) const { return opt_.seq_capacity > 0 ? opt_.seq_capacity : tokens; }
 
+    struct step_in_flight {
+        uint64_t ticket = 0;
+        std::vector<sequence*> rows;
+        bool sync = false;  // some row is chosen on the host or may turn so: the step was not queued ahead
+    };
+    std::vector<sequence*> decodable() const;
+    void drain();
+
     engine& eng_;
     scheduler_options opt_;
     size_t base_bytes_ = 0, per_token_bytes_ = 0;
@@ -160,7 +170,10 @@ class scheduler {
 
     // engine thread only
     std::vector<std::unique_ptr<sequence>> active_;
-    buffer ids_, argmax_;           // int32 [max(max_batch, longest prompt), 1], [max_batch, 1]
+    buffer ids_;                    // int32 [max(max_batch, longest prompt), 1]: a prompt chunk's ids
+    std::unique_ptr<decode_step> step_;
+    std::vector<int> free_slots_;
+    std::optional<step_in_flight> pending_;
     std::vector<float> host_logits_, scratch_;
     uint64_t prompt_total_ = 0, generated_total_ = 0;
     std::thread thread_;

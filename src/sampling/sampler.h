@@ -20,6 +20,10 @@ class sampler {
     sampler(sampling_params p, int64_t n_valid = 0);
     int32_t sample(const float* logits, int64_t vocab);
     const sampling_params& params() const { return p_; }
+    // The splitmix64 state (sampling_math::rng_start(seed) at construction): a draw held elsewhere (a device
+    // slot) continues the same stream through these.
+    uint64_t rng_state() const { return rng_; }
+    void set_rng_state(uint64_t s) { rng_ = s; }
 
   private:
     double uniform();  // [0, 1)

@@ -3,13 +3,16 @@
 // full-size rows (248,320 ids, padding ids excluded, a row stride wider than the row) shaped to hit every step:
 // a broad body with a peaked head, a run of tied top logits wider than top-k, rows of -inf with a few finite
 // tokens, flat rows, and rows with an infinite or NaN logit.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/misc.cuh"
 #include "backend/cuda/sample.cuh"
 #include "cuda_test_util.h"
 #include "sampling/sampler.h"
@@ -106,4 +109,89 @@ TEST(cuda_sample, draws_what_the_host_sampler_draws) {
         }
         EXPECT_GE((double)same / total, MIN_SAME_DRAWS);
     }
+}
+
+// A decode batch's rows draw with the parameters and RNG of their slots (sample_slot_rows): rows in a slot order
+// unlike their own, an odd row count, and slots that are greedy or whose settings the device does not draw (top-k
+// off or above k_sample_max_top_k) keeping the argmax written before; every other row draws what the host sampler
+// with that slot's parameters and stream draws, and the slots' streams advance as the host's do. Then the slot
+// tables: gather_slots_i32 / scatter_slots_i32 against their definition.
+TEST(cuda_sample, slot_rows_draw_what_the_host_sampler_draws) {
+    TANSY_REQUIRE_GPU();
+    const int64_t V = 248320, ld = V, n_valid = V - 77;
+    constexpr int rows = 7, slots = 11, draws = 4;
+    const int row_slot[rows] = {9, 2, 0, 7, 4, 10, 5};
+    std::vector<sampling_params> ps(slots);
+    for (int s = 0; s < slots; s++) {
+        sampling_params& p = ps[(size_t)s];
+        p.seed = 300 + (uint64_t)s;
+        switch (s % 6) {
+            case 0: p.temperature = 0.0f; break;                                 // greedy
+            case 1: p.temperature = 0.7f, p.top_k = 20, p.top_p = 0.8f; break;  // Qwen's non-thinking defaults
+            case 2: p.temperature = 1.0f, p.top_k = 0, p.top_p = 0.9f; break;   // host-drawn: top-k off
+            case 3: p.temperature = 0.6f, p.top_k = 64, p.min_p = 0.05f; break;
+            case 4: p.temperature = 1.3f, p.top_k = 100; break;                  // host-drawn: top-k > 64
+            case 5: p.temperature = 0.9f, p.top_k = 5, p.top_p = 0.5f; break;
+        }
+    }
+    std::vector<float> host((size_t)(rows * ld));
+    std::vector<std::vector<float>> lr;
+    for (int r = 0; r < rows; r++) {
+        lr.push_back(make_row(V, r % 4, 900u + (uint32_t)r));
+        std::copy(lr.back().begin(), lr.back().end(), host.begin() + r * ld);
+    }
+    std::vector<float> params((size_t)slots * 4);
+    std::vector<uint64_t> st((size_t)slots);
+    for (int s = 0; s < slots; s++) {
+        pack_row_sampling(params.data() + s * 4, ps[(size_t)s], n_valid);
+        st[(size_t)s] = sampling_math::rng_start(ps[(size_t)s].seed);
+    }
+    cuda::device_buffer dl(host.size() * 4), dids((size_t)rows * 4), dparams(params.size() * 4), drng((size_t)slots * 8),
+        dslot((size_t)rows * 4), dscratch((size_t)2 * rows * cuda::k_argmax_parts * 4);
+    dl.upload(host.data(), host.size() * 4);
+    dparams.upload(params.data(), params.size() * 4);
+    drng.upload(st.data(), st.size() * 8);
+    dslot.upload(row_slot, sizeof row_slot);
+    std::vector<sampler> twins;
+    for (int s = 0; s < slots; s++) twins.emplace_back(ps[(size_t)s], n_valid);
+    for (int d = 0; d < draws; d++) {
+        cuda::argmax_rows((int32_t*)dids.get(), (const float*)dl.get(), rows, ld, n_valid, (float*)dscratch.get(), 0);
+        cuda::sample_slot_rows((int32_t*)dids.get(), (const float*)dl.get(), rows, ld, n_valid, (const float*)dparams.get(),
+                               (uint64_t*)drng.get(), (const int32_t*)dslot.get(), 0);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<int32_t> got(rows);
+        dids.download(got.data(), got.size() * 4);
+        for (int r = 0; r < rows; r++) {
+            const int s = row_slot[r];
+            const bool dev = row_samples_on_device(ps[(size_t)s], n_valid);
+            const int32_t want = dev ? twins[(size_t)s].sample(lr[(size_t)r].data(), V) : argmax(lr[(size_t)r].data(), n_valid);
+            EXPECT_EQ(got[(size_t)r], want) << "row " << r << " slot " << s << " draw " << d;
+        }
+    }
+    std::vector<uint64_t> st_after((size_t)slots);
+    drng.download(st_after.data(), st_after.size() * 8);
+    for (int s = 0; s < slots; s++) {
+        const bool drawn = row_samples_on_device(ps[(size_t)s], n_valid) &&
+                           std::find(row_slot, row_slot + rows, s) != row_slot + rows;
+        EXPECT_EQ(st_after[(size_t)s], drawn ? twins[(size_t)s].rng_state() : sampling_math::rng_start(ps[(size_t)s].seed))
+            << "slot " << s;
+    }
+
+    std::vector<int32_t> vals(slots), in(rows);
+    for (int s = 0; s < slots; s++) vals[(size_t)s] = 1000 + s * 3;
+    for (int r = 0; r < rows; r++) in[(size_t)r] = -5 - r;
+    cuda::device_buffer dvals((size_t)slots * 4), dout((size_t)rows * 4), din((size_t)rows * 4);
+    dvals.upload(vals.data(), vals.size() * 4);
+    din.upload(in.data(), in.size() * 4);
+    cuda::gather_slots_i32((int32_t*)dout.get(), (const int32_t*)dvals.get(), (const int32_t*)dslot.get(), rows, 0);
+    cuda::scatter_slots_i32((int32_t*)dvals.get(), (const int32_t*)din.get(), (const int32_t*)dslot.get(), rows, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int32_t> out(rows), vals_after(slots);
+    dout.download(out.data(), out.size() * 4);
+    dvals.download(vals_after.data(), vals_after.size() * 4);
+    for (int r = 0; r < rows; r++) {
+        EXPECT_EQ(out[(size_t)r], vals[(size_t)row_slot[r]]);
+        vals[(size_t)row_slot[r]] = in[(size_t)r];
+    }
+    EXPECT_EQ(vals_after, vals);
 }

@@ -3,6 +3,7 @@
 // finished sequences must free their state at once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -421,6 +422,88 @@ TEST(scheduler, cuda_lone_request_equals_generate_and_batches_run) {
     }
     // batched bf16 kernels may round differently from single-row ones; report how many matched exactly
     printf("cuda: %d of %zu batched sequences equal their lone greedy output\n", same, users.size());
+
+    // A sampled request drawn on the device (Qwen's non-thinking defaults, seeded) gives engine::generate's
+    // tokens, the same ones twice, and a stop id ends it where the id is.
+    sampling_params sp;
+    sp.temperature = 0.7f, sp.top_k = 20, sp.top_p = 0.8f, sp.seed = 99;
+    generation_request g;
+    g.prompt = prompt_of(users[1]);
+    g.max_tokens = 40;
+    g.sampling = sp;
+    auto gst = te->eng().new_sequence(512);
+    std::vector<int32_t> drawn;
+    te->eng().generate(*gst, g, [&](int32_t id) {
+        drawn.push_back(id);
+        return true;
+    });
+    ASSERT_EQ(drawn.size(), 40u);
+    for (int rep = 0; rep < 2; rep++) {
+        auto sink = std::make_shared<collect_sink>();
+        sequence_request q;
+        q.prompt = g.prompt;
+        q.max_tokens = 40;
+        q.sampling = sp;
+        q.stop_ids = {drawn[25]};
+        q.sink = sink;
+        ASSERT_EQ(s.submit(100 + rep, std::move(q)), scheduler::submit_status::ok);
+        EXPECT_EQ(sink->wait().reason, finish_reason::stop);
+        const size_t end = (size_t)(std::find(drawn.begin(), drawn.end(), drawn[25]) - drawn.begin()) + 1;
+        EXPECT_EQ(sink->ids(), std::vector<int32_t>(drawn.begin(), drawn.begin() + (ptrdiff_t)end)) << "run " << rep;
+    }
+}
+
+// Steps are queued ahead of the host (decode_step): a stop id must still end a sequence at that id, a sequence must
+// get exactly max_tokens tokens, and the others in the batch must be unaffected.
+TEST(scheduler, queued_steps_end_sequences_exactly) {
+    const std::vector<int32_t> prompt = chat_prompt("What does heapq.heappush do?");
+    const std::vector<int32_t> ref = reference_greedy(prompt, 20);
+    ASSERT_GE(ref.size(), 12u);
+    scheduler s(tiny().eng(), scheduler_options{});
+    auto stopped = std::make_shared<collect_sink>(), full = std::make_shared<collect_sink>(),
+         short_one = std::make_shared<collect_sink>();
+    sequence_request a = make_request(prompt, 20, stopped);
+    a.stop_ids = {ref[6]};
+    sequence_request b = make_request(prompt, 20, full);
+    sequence_request c = make_request(prompt, 3, short_one);
+    ASSERT_EQ(s.submit(1, std::move(a)), scheduler::submit_status::ok);
+    ASSERT_EQ(s.submit(2, std::move(b)), scheduler::submit_status::ok);
+    ASSERT_EQ(s.submit(3, std::move(c)), scheduler::submit_status::ok);
+    EXPECT_EQ(stopped->wait().reason, finish_reason::stop);
+    const size_t end = (size_t)(std::find(ref.begin(), ref.end(), ref[6]) - ref.begin()) + 1;
+    EXPECT_EQ(stopped->ids(), std::vector<int32_t>(ref.begin(), ref.begin() + (ptrdiff_t)end));
+    full->wait();
+    EXPECT_EQ(full->ids(), ref);
+    EXPECT_EQ(short_one->wait().reason, finish_reason::length);
+    EXPECT_EQ(short_one->ids(), std::vector<int32_t>(ref.begin(), ref.begin() + 3));
+}
+
+// A request drawn on the device (top-k within k_device_max_top_k: its slot draws; the CPU backend's draw is the
+// host sampler's, the twin of the CUDA one) gives what engine::generate gives with the host sampler.
+TEST(scheduler, device_drawn_requests_equal_the_host_sampler) {
+    const std::vector<int32_t> prompt = chat_prompt("Write a haiku about the sea.");
+    sampling_params sp;
+    sp.temperature = 0.7f, sp.top_k = 20, sp.top_p = 0.8f, sp.seed = 5;
+    ASSERT_TRUE(row_samples_on_device(sp, tiny().eng().n_valid_tokens()));
+    generation_request g;
+    g.prompt = prompt;
+    g.max_tokens = 16;
+    g.sampling = sp;
+    g.device_sampling = false;
+    auto st = tiny().eng().new_sequence((int64_t)prompt.size() + 16);
+    std::vector<int32_t> host;
+    tiny().eng().generate(*st, g, [&](int32_t id) {
+        host.push_back(id);
+        return true;
+    });
+    scheduler s(tiny().eng(), scheduler_options{});
+    auto sink = std::make_shared<collect_sink>();
+    sequence_request r = make_request(prompt, 16, sink);
+    r.stop_ids.clear();
+    r.sampling = sp;
+    ASSERT_EQ(s.submit(1, std::move(r)), scheduler::submit_status::ok);
+    sink->wait();
+    EXPECT_EQ(sink->ids(), host);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The CPU backend: fp32 activations, the reference every other backend is checked against.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -133,6 +134,42 @@ class cpu_backend final : public backend {
     void argmax(const tensor& ids_out, const tensor& logits, int64_t n_valid) override {
         for (int64_t r = 0; r < logits.rows; r++)
             ((int32_t*)ids_out.data)[r] = tansy::argmax(f32(logits) + r * logits.cols, std::min(n_valid, logits.cols));
+    }
+
+    void sample_rows(const tensor& ids_out, const tensor& logits, int64_t n_valid, const tensor& params,
+                     const tensor& rng, const tensor& row_slot) override {
+        TANSY_CHECK(params.cols == k_row_sampling_cols && params.type == dtype::f32 && rng.cols == 2 &&
+                        rng.rows == params.rows && row_slot.rows >= logits.rows && ids_out.rows >= logits.rows,
+                    "sample_rows shapes");
+        const int64_t nv = std::min(n_valid, logits.cols);
+        const int32_t* slots = (const int32_t*)row_slot.data;
+        for (int64_t r = 0; r < logits.rows; r++) {
+            const int32_t s = slots[r];
+            TANSY_CHECK(s >= 0 && s < params.rows, "sample_rows: slot %d of %lld", s, (long long)params.rows);
+            const float* a = f32(params) + s * k_row_sampling_cols;
+            sampling_params p;
+            p.temperature = a[0], p.top_k = (int)a[1], p.top_p = a[2], p.min_p = a[3];
+            if (!row_samples_on_device(p, nv)) continue;  // the argmax already in ids_out stands
+            uint64_t* st = (uint64_t*)rng.data + s;
+            sampler smp(p, nv);
+            smp.set_rng_state(*st);
+            ((int32_t*)ids_out.data)[r] = smp.sample(f32(logits) + r * logits.cols, nv);
+            *st = smp.rng_state();
+        }
+    }
+    void gather_slots(const tensor& out, const tensor& vals, const tensor& row_slot) override {
+        for (int64_t r = 0; r < out.rows; r++) {
+            const int32_t s = ((const int32_t*)row_slot.data)[r];
+            TANSY_CHECK(s >= 0 && s < vals.rows, "gather_slots: slot %d of %lld", s, (long long)vals.rows);
+            ((int32_t*)out.data)[r] = ((const int32_t*)vals.data)[s];
+        }
+    }
+    void scatter_slots(const tensor& vals, const tensor& in, const tensor& row_slot) override {
+        for (int64_t r = 0; r < in.rows; r++) {
+            const int32_t s = ((const int32_t*)row_slot.data)[r];
+            TANSY_CHECK(s >= 0 && s < vals.rows, "scatter_slots: slot %d of %lld", s, (long long)vals.rows);
+            ((int32_t*)vals.data)[s] = ((const int32_t*)in.data)[r];
+        }
     }
 
     void read_kv(const seq_state& st, int slot, int64_t pos, float* k, float* v) override {
@@ -330,6 +367,12 @@ void cpu_backend::moe(const tensor& x, vec_view norm, float eps, const moe_weigh
 }
 
 }  // namespace
+
+std::shared_ptr<void> backend::alloc_host(size_t bytes) {
+    void* p = std::calloc(std::max<size_t>(bytes, 1), 1);
+    if (!p) fail("out of host memory (%zu bytes)", bytes);
+    return std::shared_ptr<void>(p, std::free);
+}
 
 std::unique_ptr<backend> make_cpu_backend(const model_config& cfg, const backend_options& opt) {
     return std::make_unique<cpu_backend>(cfg, opt);

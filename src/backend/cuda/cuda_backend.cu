@@ -121,7 +121,8 @@ class cuda_backend final : public backend {
         inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
     }
     ~cuda_backend() override {
-        if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+        for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
+        for (cudaEvent_t e : fences_) cudaEventDestroy(e);
         cudaEventDestroy(ev_fork_);
         cudaEventDestroy(ev_join_);
         cudaStreamDestroy(side_);
@@ -186,8 +187,9 @@ class cuda_backend final : public backend {
             int32_t* d = gather_rows_dev_.ensure(r.size());
             CUDA_CHECK(cudaMemcpy(d, r.data(), r.size() * 4, cudaMemcpyHostToDevice));
             gather_cache_ = r;
-            epoch_++;
+            if (gather_in_graph_) epoch_++, gather_in_graph_ = false;  // a captured graph reads the old list
         }
+        if (capturing_) gather_in_graph_ = true;
         gather_rows_f32(f32(out), f32(in), gather_rows_dev_.get(), (int)r.size(), in.cols, stream_);
     }
 
@@ -403,6 +405,50 @@ class cuda_backend final : public backend {
                     scratch, stream_);
     }
 
+    void sample_rows(const tensor& ids_out, const tensor& logits, int64_t n_valid, const tensor& params,
+                     const tensor& rng, const tensor& row_slot) override {
+        TANSY_CHECK(params.cols == k_row_sampling_cols && params.type == dtype::f32 && rng.cols == 2 &&
+                        rng.rows == params.rows && row_slot.rows >= logits.rows && ids_out.rows >= logits.rows,
+                    "cuda sample_rows shapes");
+        sample_slot_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols,
+                         std::min(n_valid, logits.cols), (const float*)params.data, (uint64_t*)rng.data,
+                         (const int32_t*)row_slot.data, stream_);
+    }
+    void gather_slots(const tensor& out, const tensor& vals, const tensor& row_slot) override {
+        gather_slots_i32((int32_t*)out.data, (const int32_t*)vals.data, (const int32_t*)row_slot.data, (int)out.rows,
+                         stream_);
+    }
+    void scatter_slots(const tensor& vals, const tensor& in, const tensor& row_slot) override {
+        scatter_slots_i32((int32_t*)vals.data, (const int32_t*)in.data, (const int32_t*)row_slot.data, (int)in.rows,
+                          stream_);
+    }
+
+    std::shared_ptr<void> alloc_host(size_t bytes) override {
+        void* p = nullptr;
+        CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
+        memset(p, 0, std::max<size_t>(bytes, 1));
+        return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+    }
+    void download_async(void* dst, const tensor& src) override {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
+    }
+    // Fences are events from a ring: a fence stays waitable until k_fences newer ones were made.
+    uint64_t fence() override {
+        if (fences_.empty()) {
+            fences_.resize(k_fences);
+            for (cudaEvent_t& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
+        const uint64_t f = ++fence_count_;
+        CUDA_CHECK(cudaEventRecord(fences_[f % k_fences], stream_));
+        return f;
+    }
+    void wait_fence(uint64_t f) override {
+        if (f == 0) return;
+        TANSY_CHECK(f <= fence_count_ && fence_count_ - f < k_fences, "wait_fence: fence %llu is no longer held",
+                    (unsigned long long)f);
+        CUDA_CHECK(cudaEventSynchronize(fences_[f % k_fences]));
+    }
+
     bool can_sample(const sampling_params& p, int64_t n_valid) const override {
         return p.temperature > 0 && p.top_k >= 1 && p.top_k <= k_sample_max_top_k && p.top_k < n_valid;
     }
@@ -413,7 +459,7 @@ class cuda_backend final : public backend {
         TANSY_CHECK(rng.rows >= logits.rows && rng.cols == 2 && rng.type == dtype::i32, "cuda sample: rng state shape");
         sample_args a;
         a.temperature = p.temperature, a.top_k = p.top_k, a.top_p = p.top_p, a.min_p = p.min_p;
-        sample_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols, std::min(n_valid, logits.cols), a,
+        cuda::sample_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols, std::min(n_valid, logits.cols), a,
                     (uint64_t*)rng.data, stream_);
     }
 
@@ -431,18 +477,31 @@ class cuda_backend final : public backend {
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         capturing_ = true;
     }
-    void capture_end() override {
+    void capture_end(uint64_t key) override {
         TANSY_CHECK(capturing_, "capture_end without capture_begin");
         cudaGraph_t g;
         CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
         capturing_ = false;
-        if (graph_exec_) CUDA_CHECK(cudaGraphExecDestroy(graph_exec_));
-        CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, g, 0));
+        cudaGraphExec_t& exec = graphs_[key];
+        if (exec) CUDA_CHECK(cudaGraphExecDestroy(exec));
+        exec = nullptr;
+        CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
         CUDA_CHECK(cudaGraphDestroy(g));
     }
-    void replay() override {
-        TANSY_CHECK(graph_exec_, "replay without a captured graph");
-        CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+    void replay(uint64_t key) override {
+        auto it = graphs_.find(key);
+        TANSY_CHECK(it != graphs_.end() && it->second, "replay without a captured graph");
+        CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    }
+    bool has_graph(uint64_t key) const override { return graphs_.count(key) > 0; }
+    void drop_graph(uint64_t key) override {
+        auto it = graphs_.find(key);
+        if (it == graphs_.end()) return;
+        if (it->second) cudaGraphExecDestroy(it->second);
+        graphs_.erase(it);
+    }
+    void prepare_step(const std::vector<seq_span>& spans) override {
+        prepare_batch(spans, spans.empty() ? 0 : (int)(spans.back().row0 + spans.back().n));
     }
 
   private:
@@ -551,7 +610,9 @@ class cuda_backend final : public backend {
     }
 
     // Row -> (sequence, offset) and sequence -> state tables on the device, re-uploaded only when the batch's
-    // structure changes (never inside a graph capture: a replayed step has the structure it was captured with).
+    // structure changes (never inside a graph capture). A replayed step reads the tables in place, so a graph stays
+    // valid for any batch of the same shape (rows, spans' lengths, capacity) once prepare_step has uploaded it;
+    // only moving the tables (a larger batch) changes the memory epoch.
     void prepare_batch(const std::vector<seq_span>& spans, int T) {
         std::vector<drow> rows((size_t)T);
         std::vector<dspan> sp;
@@ -576,7 +637,6 @@ class cuda_backend final : public backend {
         CUDA_CHECK(cudaMemcpy(spans_dev_.ensure(sp.size() + 1), sp.data(), sp.size() * sizeof(dspan), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(seqs_dev_.ensure(sq.size() + 1), sq.data(), sq.size() * sizeof(dseq), cudaMemcpyHostToDevice));
         rows_cache_ = rows, spans_cache_ = sp, seqs_cache_ = sq;
-        epoch_++;  // a captured graph bakes in the old structure
         batch_shape_ = sh_;
         batch_shape_.capacity = cap;
     }
@@ -599,11 +659,14 @@ class cuda_backend final : public backend {
     dshape sh_, batch_shape_;
     int n_attn_ = 0, n_gdn_ = 0;
     device_buffer inv_freq_;
-    bool capturing_ = false;
+    bool capturing_ = false, gather_in_graph_ = false;
     uint64_t epoch_ = 0, synth_seed_ = 1;
     float synth_skew_ = 0.0f;
     bool precise_gemm_ = false;
-    cudaGraphExec_t graph_exec_ = nullptr;
+    std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;  // captured steps by the caller's key
+    static constexpr uint64_t k_fences = 64;
+    std::vector<cudaEvent_t> fences_;
+    uint64_t fence_count_ = 0;
 
     std::vector<drow> rows_cache_;
     std::vector<dspan> spans_cache_;

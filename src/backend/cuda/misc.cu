@@ -84,6 +84,15 @@ __global__ void argmax_final_kernel(int32_t* ids, const float* pv, const int* pi
     if (threadIdx.x == 0) ids[blockIdx.x] = i == INT_MAX ? 0 : i;
 }
 
+__global__ void gather_slots_kernel(int32_t* out, const int32_t* vals, const int32_t* row_slot, int rows) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows) out[r] = vals[row_slot[r]];
+}
+__global__ void scatter_slots_kernel(int32_t* vals, const int32_t* in, const int32_t* row_slot, int rows) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows) vals[row_slot[r]] = in[r];
+}
+
 __global__ void advance_kernel(const dseq* seqs, const dspan* spans, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -121,6 +130,17 @@ void argmax_rows(int32_t* ids, const float* logits, int rows, int64_t vocab, int
     argmax_partial_kernel<<<dim3((unsigned)n_part, (unsigned)rows), 256, 0, stream>>>(pv, pi, logits, vocab, n_valid, span);
     CUDA_CHECK_LAUNCH();
     argmax_final_kernel<<<(unsigned)rows, 256, 0, stream>>>(ids, pv, pi, n_part);
+    CUDA_CHECK_LAUNCH();
+}
+
+void gather_slots_i32(int32_t* out, const int32_t* vals, const int32_t* row_slot, int rows, cudaStream_t stream) {
+    if (rows == 0) return;
+    gather_slots_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, stream>>>(out, vals, row_slot, rows);
+    CUDA_CHECK_LAUNCH();
+}
+void scatter_slots_i32(int32_t* vals, const int32_t* in, const int32_t* row_slot, int rows, cudaStream_t stream) {
+    if (rows == 0) return;
+    scatter_slots_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, stream>>>(vals, in, row_slot, rows);
     CUDA_CHECK_LAUNCH();
 }
 

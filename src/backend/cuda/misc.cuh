@@ -24,6 +24,11 @@ constexpr int k_argmax_parts = 256;
 void argmax_rows(int32_t* ids, const float* logits, int rows, int64_t vocab, int64_t n_valid, float* scratch,
                  cudaStream_t stream);
 
+// out[r] = vals[row_slot[r]], and vals[row_slot[r]] = in[r], for r < rows (int32). CPU twins: backend's
+// gather_slots / scatter_slots.
+void gather_slots_i32(int32_t* out, const int32_t* vals, const int32_t* row_slot, int rows, cudaStream_t stream);
+void scatter_slots_i32(int32_t* vals, const int32_t* in, const int32_t* row_slot, int rows, cudaStream_t stream);
+
 // For each span i: meta[0] (n_past) += spans[i].n, meta[1] (steps) += 1.
 void advance_seqs(const dseq* seqs, const dspan* spans, int n, cudaStream_t stream);
 

@@ -69,8 +69,8 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* s) {
     return before + x - v;
 }
 
-__global__ void __launch_bounds__(THREADS) sample_kernel(int32_t* ids, const float* logits, int64_t ld, int n,
-                                                         sample_args a, uint64_t* rng) {
+// One row's draw by the whole block: ids_r = the token, rng_r = the row's splitmix64 state.
+__device__ __forceinline__ void sample_row(int32_t* ids_r, const float* l, int n, const sample_args a, uint64_t* rng_r) {
     __shared__ uint32_t s_u[WARPS];
     __shared__ int s_i[WARPS];
     __shared__ int hist[256];
@@ -78,8 +78,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(int32_t* ids, const flo
     __shared__ uint32_t c_key[k_sample_max_top_k];
     __shared__ int c_id[k_sample_max_top_k], c_sorted_id[k_sample_max_top_k];
     __shared__ float c_sorted[k_sample_max_top_k], c_w[k_sample_max_top_k];
-    const int row = blockIdx.x, tid = threadIdx.x, lane = tid % 32;
-    const float* l = logits + (int64_t)row * ld;
+    const int tid = threadIdx.x, lane = tid % 32;
     const int per = (n + THREADS - 1) / THREADS, i0 = min(n, tid * per), i1 = min(n, i0 + per);
 
     // 1. the best logit; a non-finite best (an infinite logit, every token -inf or NaN): the host's argmax
@@ -92,7 +91,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(int32_t* ids, const flo
         for (int i = i0; i < i1 && first == INT_MAX; i++)
             if (key_of(l[i]) == km) first = i;
         first = block_min(first, s_i);
-        if (tid == 0) ids[row] = first == INT_MAX ? 0 : first;
+        if (tid == 0) *ids_r = first == INT_MAX ? 0 : first;
         return;
     }
     const uint32_t kf = key_of(sampling_math::floor_logit(best, a.temperature));
@@ -151,13 +150,30 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(int32_t* ids, const flo
 
     // 4. the draw, as the host sampler makes it
     if (tid == 0) {
-        uint64_t st = rng[row];
+        uint64_t st = *rng_r;
         const double u = sampling_math::rng_uniform(st);
-        rng[row] = st;
+        *rng_r = st;
         const int i = sampling_math::draw_sorted(c_sorted, m, sampling_math::inv_temperature(a.temperature), a.top_p,
                                                  a.min_p, u, c_w);
-        ids[row] = c_sorted_id[i];
+        *ids_r = c_sorted_id[i];
     }
+}
+
+__global__ void __launch_bounds__(THREADS) sample_kernel(int32_t* ids, const float* logits, int64_t ld, int n,
+                                                         sample_args a, uint64_t* rng) {
+    sample_row(ids + blockIdx.x, logits + (int64_t)blockIdx.x * ld, n, a, rng + blockIdx.x);
+}
+
+// Row r draws with the parameters and rng of its slot; rows whose slot does not sample on the device keep ids[r].
+__global__ void __launch_bounds__(THREADS) sample_slots_kernel(int32_t* ids, const float* logits, int64_t ld, int n,
+                                                               const float* params, uint64_t* rng,
+                                                               const int32_t* row_slot) {
+    const int r = blockIdx.x, s = row_slot[r];
+    const float* p = params + (int64_t)s * 4;
+    sample_args a;
+    a.temperature = p[0], a.top_k = (int)p[1], a.top_p = p[2], a.min_p = p[3];
+    if (!(a.temperature > 0) || a.top_k < 1 || a.top_k > k_sample_max_top_k || a.top_k >= n) return;
+    sample_row(ids + r, logits + (int64_t)r * ld, n, a, rng + s);
 }
 
 }  // namespace
@@ -170,6 +186,14 @@ void sample_rows(int32_t* ids, const float* logits, int rows, int64_t ld, int64_
                 (long long)n_valid, a.top_p, a.min_p);
     if (rows == 0) return;
     sample_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(ids, logits, ld, (int)n_valid, a, rng);
+    CUDA_CHECK_LAUNCH();
+}
+
+void sample_slot_rows(int32_t* ids, const float* logits, int rows, int64_t ld, int64_t n_valid, const float* params,
+                      uint64_t* rng, const int32_t* row_slot, cudaStream_t stream) {
+    TANSY_CHECK(n_valid <= ld && n_valid <= INT_MAX, "cuda sampling: %lld of %lld ids", (long long)n_valid, (long long)ld);
+    if (rows == 0) return;
+    sample_slots_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(ids, logits, ld, (int)n_valid, params, rng, row_slot);
     CUDA_CHECK_LAUNCH();
 }
 

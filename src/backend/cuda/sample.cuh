@@ -23,4 +23,10 @@ struct sample_args {
 void sample_rows(int32_t* ids, const float* logits, int rows, int64_t ld, int64_t n_valid, const sample_args& a,
                  uint64_t* rng, cudaStream_t stream);
 
+// The rows of a batch of sequence slots: row r draws with slot row_slot[r]'s parameters (params [slots, 4]:
+// temperature, top_k, top_p, min_p) and advances rng[row_slot[r]]; a row whose slot has temperature 0 or a top-k
+// outside 1..k_sample_max_top_k keeps ids[r] (the argmax written before). CPU twin: backend::sample_rows.
+void sample_slot_rows(int32_t* ids, const float* logits, int rows, int64_t ld, int64_t n_valid, const float* params,
+                      uint64_t* rng, const int32_t* row_slot, cudaStream_t stream);
+
 }  // namespace tansy::cuda

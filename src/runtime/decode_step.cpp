@@ -1,0 +1,137 @@
+#include "runtime/decode_step.h"
+
+#include <atomic>
+
+#include "core/check.h"
+#include "runtime/engine.h"
+#include "sampling/sampler_math.h"
+
+namespace tansy {
+
+namespace {
+std::atomic<uint64_t> g_next_uid{1};
+}
+
+decode_step::decode_step(engine& eng, int max_slots, bool graphs)
+    : eng_(eng), be_(eng.be()), max_slots_(max_slots), graphs_(graphs && eng.be().supports_graphs()),
+      uid_(g_next_uid++), n_valid_(eng.n_valid_tokens()) {
+    TANSY_CHECK(max_slots >= 1 && max_slots < (1 << 20), "decode_step: %d slots", max_slots);
+    tok_ = be_.alloc(max_slots, 1, dtype::i32);
+    params_ = be_.alloc(max_slots, k_row_sampling_cols, dtype::f32);
+    rng_ = be_.alloc(max_slots, 2, dtype::i32);
+    row_slot_ = be_.alloc(max_slots, 1, dtype::i32);
+    ids_ = be_.alloc(max_slots, 1, dtype::i32);
+    next_ = be_.alloc(max_slots, 1, dtype::i32);
+    one_slot_ = be_.alloc(1, 1, dtype::i32);
+    host_params_.assign((size_t)max_slots * k_row_sampling_cols, 0.0f);
+    pinned_ = be_.alloc_host((size_t)k_ring * (size_t)max_slots * sizeof(int32_t));
+    fences_.assign(k_ring, 0);
+    // the forward pass's buffers for a full batch now, so that growing them later does not invalidate graphs
+    eng_.fwd().reserve(max_slots, max_slots);
+}
+
+decode_step::~decode_step() {
+    for (const auto& [key, epochs] : captured_) be_.drop_graph(key);
+}
+
+void decode_step::bind(int slot, const sampling_params& p) {
+    TANSY_CHECK(slot >= 0 && slot < max_slots_, "decode_step: slot %d of %d", slot, max_slots_);
+    float* a = host_params_.data() + (size_t)slot * k_row_sampling_cols;
+    pack_row_sampling(a, p, n_valid_);
+    be_.upload(params_.t().rows_view(slot, 1), a);
+    const uint64_t st = sampling_math::rng_start(p.seed);
+    be_.upload(rng_.t().rows_view(slot, 1), &st);
+}
+
+void decode_step::set_token(int slot, int32_t id) {
+    TANSY_CHECK(slot >= 0 && slot < max_slots_, "decode_step: slot %d of %d", slot, max_slots_);
+    be_.upload(tok_.t().rows_view(slot, 1), &id);
+}
+
+int32_t decode_step::pick_prompt(int slot, const tensor& logits) {
+    TANSY_CHECK(slot >= 0 && slot < max_slots_ && logits.rows == 1, "decode_step::pick_prompt: slot %d, %lld rows",
+                slot, (long long)logits.rows);
+    const int32_t s = slot;
+    be_.upload(one_slot_.t(), &s);
+    const tensor nx = next_.t().rows_view(0, 1);
+    be_.argmax(nx, logits, n_valid_);
+    if (host_params_[(size_t)slot * k_row_sampling_cols] > 0) be_.sample_rows(nx, logits, n_valid_, params_.t(), rng_.t(), one_slot_.t());
+    be_.scatter_slots(tok_.t(), nx, one_slot_.t());
+    int32_t id = 0;
+    be_.download(&id, nx);
+    return id;
+}
+
+void decode_step::run_ops(int64_t B, bool sampling, const std::vector<seq_span>& spans) {
+    const tensor ids = ids_.t().rows_view(0, B), rs = row_slot_.t().rows_view(0, B), nx = next_.t().rows_view(0, B);
+    be_.gather_slots(ids, tok_.t(), rs);
+    logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
+    be_.argmax(nx, logits_, n_valid_);
+    if (sampling) be_.sample_rows(nx, logits_, n_valid_, params_.t(), rng_.t(), rs);
+    be_.scatter_slots(tok_.t(), nx, rs);
+}
+
+uint64_t decode_step::launch(const std::vector<row>& rows) {
+    const int64_t B = (int64_t)rows.size();
+    TANSY_CHECK(B >= 1 && B <= max_slots_, "decode_step: a step of %lld rows (%d slots)", (long long)B, max_slots_);
+    std::vector<int32_t> slots((size_t)B);
+    std::vector<seq_span> spans((size_t)B);
+    bool sampling = false;
+    const int64_t capacity = rows[0].state->capacity();
+    for (int64_t r = 0; r < B; r++) {
+        const row& w = rows[(size_t)r];
+        TANSY_CHECK(w.slot >= 0 && w.slot < max_slots_ && w.state, "decode_step: row %lld slot %d", (long long)r, w.slot);
+        if (w.state->n_past() + 1 > w.state->capacity())
+            fail("sequence of %lld tokens exceeds the context capacity of %lld", (long long)(w.state->n_past() + 1),
+                 (long long)w.state->capacity());
+        slots[(size_t)r] = w.slot;
+        spans[(size_t)r] = seq_span{w.state, r, 1, w.state->n_past()};
+        sampling = sampling || host_params_[(size_t)w.slot * k_row_sampling_cols] > 0;
+    }
+    if (row_slot_rows_ != B || slots != row_slot_host_) {
+        be_.upload(row_slot_.t().rows_view(0, B), slots.data());
+        row_slot_host_ = slots;
+        row_slot_rows_ = B;
+    }
+    // one graph per shape: the rows, whether any row draws, and the states' capacity (baked into the kernels)
+    const uint64_t key = (uid_ << 44) ^ ((uint64_t)capacity << 21) ^ ((uint64_t)B << 1) ^ (uint64_t)sampling;
+    const std::pair<uint64_t, uint64_t> epochs{be_.memory_epoch(), eng_.fwd().memory_epoch()};
+    bool same_capacity = true;
+    for (const row& w : rows) same_capacity = same_capacity && w.state->capacity() == capacity;
+    const bool graph = graphs_ && same_capacity;
+    auto c = captured_.find(key);
+    if (graph && c != captured_.end() && c->second == epochs) {
+        be_.prepare_step(spans);
+        be_.replay(key);
+        for (const row& w : rows) w.state->set_n_past(w.state->n_past() + 1);
+    } else if (graph && warm_.count(key) && warm_[key] == epochs) {
+        // the eager step before settled every buffer of this shape: record one step, then run it
+        be_.prepare_step(spans);
+        be_.capture_begin();
+        run_ops(B, sampling, spans);
+        be_.capture_end(key);
+        // capture only recorded: the states' host mirrors advanced as if it ran; undo that before the replay
+        for (const row& w : rows) w.state->set_n_past(w.state->n_past() - 1);
+        be_.replay(key);
+        for (const row& w : rows) w.state->set_n_past(w.state->n_past() + 1);
+        captured_[key] = epochs;
+    } else {
+        run_ops(B, sampling, spans);
+        warm_[key] = {be_.memory_epoch(), eng_.fwd().memory_epoch()};
+    }
+    const uint64_t t = ++launched_;
+    int32_t* out = (int32_t*)pinned_.get() + (size_t)(t % k_ring) * (size_t)max_slots_;
+    be_.download_async(out, next_.t().rows_view(0, B));
+    fences_[t % k_ring] = be_.fence();
+    return t;
+}
+
+const int32_t* decode_step::wait(uint64_t ticket) {
+    TANSY_CHECK(ticket >= 1 && ticket <= launched_ && launched_ - ticket < (uint64_t)k_ring,
+                "decode_step::wait: step %llu is not in flight (%llu launched)", (unsigned long long)ticket,
+                (unsigned long long)launched_);
+    be_.wait_fence(fences_[ticket % k_ring]);
+    return (const int32_t*)pinned_.get() + (size_t)(ticket % k_ring) * (size_t)max_slots_;
+}
+
+}  // namespace tansy

@@ -1,0 +1,85 @@
+// One decode step, written once for engine::generate, the scheduler and the bench.
+//
+// Each sequence being decoded holds a slot (0 .. max_slots - 1). Per slot, backend memory holds the next input
+// token, the sampling parameters and the RNG state. A step over rows r = 0 .. B-1 (row r: slot slots[r], state
+// states[r]) is
+//     ids[r] = tok[slot r]  ->  forward pass, one token per row  ->  next[r] = argmax, or a seeded draw where the
+//     slot samples on the device  ->  tok[slot r] = next[r]  ->  next copied to pinned host memory
+// and needs nothing from the host, so steps can be queued back to back: a caller may launch step t+1 before it
+// reads step t's tokens. On a backend with graphs a step of B rows is one graph replay: one graph per (B, greedy
+// or sampling, capacity), captured at the second step of that shape and again whenever memory moves.
+//
+// Rows whose request needs the whole distribution (log-probs, penalties, a grammar, or sampling settings the
+// device does not draw: row_samples_on_device) are picked by the caller on the host from logits(), and the
+// choice goes back to the slot with set_token before the next step.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "sampling/sampler.h"
+
+namespace tansy {
+
+class engine;
+
+class decode_step {
+  public:
+    // graphs: replay steps as graphs where the backend has them (false: every step runs its ops eagerly).
+    decode_step(engine& eng, int max_slots, bool graphs = true);
+    ~decode_step();
+    decode_step(const decode_step&) = delete;
+    decode_step& operator=(const decode_step&) = delete;
+
+    int max_slots() const { return max_slots_; }
+
+    // A sequence takes `slot`: its sampling parameters, and its RNG from the start of its seed's stream.
+    void bind(int slot, const sampling_params& p);
+    // The slot's next input token, decided on the host.
+    void set_token(int slot, int32_t id);
+
+    // After a prompt's last chunk: the slot's first token from the prompt's logits ([1, V], backend memory),
+    // picked as a step picks (argmax or the slot's device draw). Synchronous; returns the token.
+    int32_t pick_prompt(int slot, const tensor& logits);
+
+    struct row {
+        int slot = 0;
+        seq_state* state = nullptr;
+    };
+    // Queues one step over `rows` (every state advances by one token; each must have room for it). Returns the
+    // step's ticket for wait().
+    uint64_t launch(const std::vector<row>& rows);
+    // Blocks until step `ticket` (one of the last k_ring launched) has finished; its tokens in row order, valid
+    // until k_ring more steps are launched.
+    const int32_t* wait(uint64_t ticket);
+    // The logits of the last launched step, [B, V] in backend memory: valid once it has been waited for, until
+    // the next launch.
+    const tensor& logits() const { return logits_; }
+
+    static constexpr int k_ring = 4;  // steps whose tokens can be in flight at once
+
+  private:
+    void run_ops(int64_t B, bool sampling, const std::vector<seq_span>& spans);
+
+    engine& eng_;
+    backend& be_;
+    int max_slots_;
+    bool graphs_;
+    uint64_t uid_;
+    int64_t n_valid_;
+    buffer tok_, params_, rng_, row_slot_, ids_, next_, one_slot_;
+    std::vector<float> host_params_;        // [max_slots, 4], mirrors params_
+    std::vector<int32_t> row_slot_host_;    // what row_slot_ holds
+    int64_t row_slot_rows_ = -1;
+    std::shared_ptr<void> pinned_;          // int32 [k_ring, max_slots]
+    uint64_t launched_ = 0;
+    std::vector<uint64_t> fences_;          // per ring entry: the fence of the step that fills it
+    tensor logits_;
+    // per graph key: the memory epochs (backend, forward pass) it was captured at / last run eagerly at
+    std::map<uint64_t, std::pair<uint64_t, uint64_t>> captured_, warm_;
+};
+
+}  // namespace tansy
