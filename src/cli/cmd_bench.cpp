@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 #include "cli/commands.h"
 #include "core/check.h"
@@ -30,6 +31,8 @@ static std::vector<int64_t> int_list_or_none(const std::string& s, const char* w
 }
 
 int cmd_bench(int argc, char** argv) {
+    for (int i = 0; i < argc; i++)
+        if (std::string_view(argv[i]) == "--serve") return cmd_bench_serve(argc, argv);
     arg_parser p("bench", "[--synthetic CONFIG.json | --model DIR] [options]",
                  "Decode throughput: batch-1 tok/s at each context, aggregate tok/s for batches at one context, with\n"
                  "the bytes a step must move and the achieved GB/s as a share of the memory roofline. Each step is\n"
@@ -55,7 +58,9 @@ int cmd_bench(int argc, char** argv) {
         .option("--prompts", "LIST",
                 "prefill prompt lengths (default 256,512,2048,8192,32768,131072 on cuda, 256,2048 on the cpu; none to skip)")
         .option("--peak-tflops", "X", "prefill compute peak in TFLOP/s (default 989, the H200's dense bf16 tensor core)")
-        .option("--json", "", "print one JSON object");
+        .option("--json", "", "print one JSON object")
+        .option("--serve", "", "measure the HTTP server instead: streamed requests at several concurrencies, beside\n"
+                               "                            the engine's own rate (see tansy bench --serve --help)");
     if (!p.parse(argc, argv)) return 0;
     bench_options o;
     if (p.has("--contexts")) o.contexts = int_list_or_none(p.str("--contexts"), "--contexts");

@@ -31,14 +31,46 @@ size_t half_available_memory() {
 
 }  // namespace
 
+void add_synthetic_options(arg_parser& p) {
+    p.option("--synthetic", "CONFIG", "serve random weights of this config.json (e.g. the full Qwen3.6-35B-A3B config)\n"
+                                      "                            instead of a checkpoint, with the tokenizer of --model (default:\n"
+                                      "                            the bundled model); ids beyond that tokenizer show as U+FFFD")
+        .option("--layers", "N", "keep only the first N layers of the synthetic config")
+        .option("--seed", "S", "synthetic weight seed (default 1)")
+        .option("--skew", "X", "synthetic router skew: 0 uniform (default), ~1 strongly uneven expert load");
+}
+
+synthetic_spec synthetic_from(const arg_parser& p, engine_options& eo) {
+    synthetic_spec s;
+    if (!p.has("--synthetic")) {
+        for (const char* o : {"--layers", "--seed", "--skew"})
+            if (p.has(o)) fail("%s needs --synthetic", o);
+        return s;
+    }
+    s.config = p.str("--synthetic");
+    s.layers = p.integer("--layers", 0);
+    if (s.layers < 0) fail("--layers must be >= 0");
+    eo.backend_opt.synthetic_seed = (uint64_t)p.integer("--seed", 1);
+    eo.backend_opt.router_skew = (float)p.number("--skew", 0.0);
+    if (!(eo.backend_opt.router_skew >= 0)) fail("--skew must be >= 0");
+    return s;
+}
+
+size_t default_state_budget(const std::string& backend) {
+    return backend == "cpu" ? half_available_memory() : size_t(16) << 30;
+}
+
 int cmd_serve(int argc, char** argv) {
     arg_parser p("serve", "[options]",
                  "Serves the model over HTTP with the OpenAI API: POST /v1/chat/completions, POST /v1/completions\n"
                  "(streamed with \"stream\": true), GET /v1/models, GET /health (503 while loading), GET /metrics\n"
                  "(Prometheus). Requests are batched continuously: the running ones decode together, and new\n"
                  "prompts are prefilled a chunk per step between those decode steps. SIGINT/SIGTERM stop accepting, let running requests finish (--shutdown-timeout),\n"
-                 "and exit 0; a second signal exits at once. The API key may also come from $TANSY_API_KEY.");
+                 "and exit 0; a second signal exits at once. The API key may also come from $TANSY_API_KEY.\n"
+                 "--synthetic serves random weights of any config.json (no checkpoint), to measure served speed\n"
+                 "(see also tansy bench --serve). Requests may set \"ignore_eos\": true to run to max_tokens.");
     add_engine_options(p);
+    add_synthetic_options(p);
     p.option("--host", "ADDR", "address to listen on (default 127.0.0.1)")
         .option("--port", "N", "port (default 8080; 0: any free port, printed at start)")
         .option("--api-key", "KEY", "require 'Authorization: Bearer KEY' (default: $TANSY_API_KEY, else none)")
@@ -59,6 +91,7 @@ int cmd_serve(int argc, char** argv) {
 
     serve_options o;
     o.engine = engine_options_from(p);
+    o.synthetic = synthetic_from(p, o.engine);
     o.http.host = p.str("--host", "127.0.0.1");
     const int64_t port = p.integer("--port", 8080);
     if (port < 0 || port > 65535) fail("serve: --port must be in [0, 65535]");
@@ -75,7 +108,7 @@ int cmd_serve(int argc, char** argv) {
     if (o.ctx_size < 0) fail("serve: --ctx-size must be >= 0");
     const int64_t mib = p.integer("--state-memory", 0);
     if (mib < 0) fail("serve: --state-memory must be >= 0");
-    o.sched.state_budget = mib > 0 ? (size_t)mib << 20 : o.engine.backend == "cpu" ? half_available_memory() : size_t(16) << 30;
+    o.sched.state_budget = mib > 0 ? (size_t)mib << 20 : default_state_budget(o.engine.backend);
     o.sched.prefill_budget = p.integer("--prefill-budget", 8192);
     if (o.sched.prefill_budget < 1) fail("serve: --prefill-budget must be >= 1");
     const int64_t body = p.integer("--max-body", 8);

@@ -2,6 +2,7 @@
 #pragma once
 #include "cli/args.h"
 #include "runtime/engine.h"
+#include "runtime/text_engine.h"
 #include "sampling/sampler.h"
 
 namespace tansy {
@@ -16,12 +17,20 @@ int cmd_tokenize(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_run(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
+int cmd_bench_serve(int argc, char** argv);  // tansy bench --serve (cmd_bench hands over)
 
 // --model, --backend, --threads: shared by every command that runs the model.
 void add_engine_options(arg_parser& p);
 engine_options engine_options_from(const arg_parser& p);
 // The value of a KV-cache option (`option`, e.g. "--kv-cache"): true for fp8, false for bf16, else a clear error.
 bool kv_fp8_from(const std::string& value, const char* option);
+
+// --synthetic, --layers, --seed, --skew: serve random weights of a config.json (serve, bench --serve). The
+// seed and skew go into eo.backend_opt; the spec is empty without --synthetic.
+void add_synthetic_options(arg_parser& p);
+synthetic_spec synthetic_from(const arg_parser& p, engine_options& eo);
+// The default sequence-state budget of a server: half of the available memory on cpu, 16 GiB on cuda.
+size_t default_state_budget(const std::string& backend);
 
 // --temperature, --top-k, --top-p, --min-p, --seed: shared by generate and run.
 void add_sampling_options(arg_parser& p);

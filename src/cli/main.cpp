@@ -26,7 +26,7 @@ const command k_commands[] = {
     {"convert", cmd_convert, "quantise a bf16 checkpoint to the MLX 4-bit layout"},
     {"tokenize", cmd_tokenize, "text -> token ids, or token ids -> text (--decode)"},
     {"render", cmd_render, "print the prompt an OpenAI-style chat request renders to (Qwen3.6 chat template)"},
-    {"bench", cmd_bench, "decode throughput vs the memory roofline (real or synthetic full-size model)"},
+    {"bench", cmd_bench, "decode throughput vs the memory roofline (real or synthetic full-size model); --serve: served speed"},
     {"info", cmd_info, "describe a checkpoint: layout, configuration, sizes"},
 };
 

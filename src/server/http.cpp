@@ -1,4 +1,5 @@
-// http_server over cpp-httplib (the Debian build, 0.11): the only file that includes httplib.h.
+// http_server over cpp-httplib (the Debian build, 0.11); with http_client.cpp, the only files that include
+// httplib.h.
 #include "server/http.h"
 
 #include <dirent.h>

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "model/config.h"
+#include "server/text_stream.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/utf8.h"
 
@@ -139,6 +140,7 @@ void parse_common(const ojson& j, completion_request& r, const sampling_params& 
         for (const std::string& x : r.stop)
             if (x.size() > 1024) bad("stop", "a stop sequence is longer than 1024 bytes");
     }
+    r.ignore_eos = boolean(j, "ignore_eos", false);
     r.stream = boolean(j, "stream", false);
     if (const ojson* so = field(j, "stream_options")) {
         if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
@@ -410,10 +412,7 @@ ojson bytes_of(std::string_view s) {
     return b;
 }
 
-std::string token_text(const tokenizer& tok, int32_t id) {
-    if (id < 0 || id >= tok.size()) return "";
-    return utf8_lossy(tok.token_bytes(id));
-}
+std::string token_text(const tokenizer& tok, int32_t id) { return utf8_lossy(token_bytes_or_unknown(tok, id)); }
 
 }  // namespace
 
@@ -422,10 +421,10 @@ ojson chat_logprobs(const tokenizer& tok, const std::vector<token_event>& tokens
     for (const token_event& e : tokens) {
         ojson top = ojson::array();
         for (const auto& [id, lp] : e.top)
-            top.push_back({{"token", token_text(tok, id)}, {"logprob", lp}, {"bytes", bytes_of(tok.token_bytes(id))}});
+            top.push_back({{"token", token_text(tok, id)}, {"logprob", lp}, {"bytes", bytes_of(token_bytes_or_unknown(tok, id))}});
         content.push_back({{"token", token_text(tok, e.id)},
                            {"logprob", e.logprob},
-                           {"bytes", bytes_of(tok.token_bytes(e.id))},
+                           {"bytes", bytes_of(token_bytes_or_unknown(tok, e.id))},
                            {"top_logprobs", top}});
     }
     return {{"content", content}};

@@ -52,6 +52,9 @@ struct completion_request {
     sampling_params sampling;
     penalty_params penalties;
     std::vector<std::string> stop;
+    // vLLM's extension: the end-of-turn tokens do not end the sequence (it runs to max_tokens; they are still
+    // left out of the text). For benchmarks that need every completion to have the same length.
+    bool ignore_eos = false;
     bool stream = false, include_usage = false;
     int logprobs = -1;  // -1: none; else the number of top alternatives per token
 };

@@ -242,7 +242,7 @@ struct server::state {
             sr.max_tokens = max_tokens;
             sr.sampling = r.sampling;
             sr.penalties = r.penalties;
-            sr.stop_ids = te->eos();
+            if (!r.ignore_eos) sr.stop_ids = te->eos();
             sr.logprobs = r.logprobs;
             sr.constraint = make_constraint(r, thinking, max_tokens);
             sr.sink = j->ch;
@@ -462,9 +462,12 @@ void server::start() {
     state& s = *s_;
     if (s.opt.model_name.empty()) {
         std::string dir = s.opt.engine.model_dir.empty() ? default_model_dir() : s.opt.engine.model_dir;
+        if (!s.opt.synthetic.config.empty())
+            dir = std::filesystem::absolute(s.opt.synthetic.config).lexically_normal().parent_path().string();
         while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
         s.opt.model_name = std::filesystem::path(dir).filename().string();
         if (s.opt.model_name.empty()) s.opt.model_name = "tansy";
+        if (!s.opt.synthetic.config.empty()) s.opt.model_name = "synthetic-" + s.opt.model_name;
     }
     s.install_routes();
     s.http.bind();
@@ -473,15 +476,22 @@ void server::start() {
 
 int server::port() const { return s_->http.port(); }
 
+engine& server::eng() {
+    TANSY_CHECK(s_->te, "server::eng() before load()");
+    return s_->te->eng();
+}
+
 void server::load() {
     state& s = *s_;
     const std::string dir = s.opt.engine.model_dir.empty() ? default_model_dir() : s.opt.engine.model_dir;
+    const bool synthetic = !s.opt.synthetic.config.empty();
     {
-        load_progress bar(dir, s.opt.progress);
+        // a synthetic model reads no checkpoint: nothing for the bar to follow
+        load_progress bar(dir, s.opt.progress && !synthetic);
         // Tests only: the tiny model loads in milliseconds; this makes the "loading" state observable.
         if (const char* d = std::getenv("TANSY_TEST_LOAD_DELAY_MS"))
             std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
-        s.te = std::make_unique<text_engine>(s.opt.engine);
+        s.te = std::make_unique<text_engine>(s.opt.engine, s.opt.synthetic);
         bar.done();
     }
     const model_config& c = s.te->eng().cfg();
@@ -495,8 +505,10 @@ void server::load() {
     s.opt.sched.seq_capacity = s.ctx;
     s.sched = std::make_unique<scheduler>(s.te->eng(), s.opt.sched);
     s.ready = true;
-    fprintf(stderr, "tansy serve: ready: model '%s' (%s backend), context %lld, batch %d, queue %d, state budget %.0f MiB\n",
-            s.opt.model_name.c_str(), s.opt.engine.backend.c_str(), (long long)s.ctx, s.opt.sched.max_batch,
+    fprintf(stderr, "tansy serve: ready: model '%s'%s (%s backend), context %lld, batch %d, queue %d, state budget %.0f MiB\n",
+            s.opt.model_name.c_str(), synthetic ? strprintf(" (synthetic, %lld layers, vocabulary %lld, tokenizer of %s)",
+                                                           (long long)c.n_layers(), (long long)c.vocab, dir.c_str()).c_str() : "",
+            s.opt.engine.backend.c_str(), (long long)s.ctx, s.opt.sched.max_batch,
             s.opt.sched.max_queue, (double)s.opt.sched.state_budget / (1 << 20));
 }
 

@@ -10,16 +10,18 @@
 
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
+#include "runtime/text_engine.h"
 #include "server/http.h"
 
 namespace tansy {
 
 struct serve_options {
     engine_options engine;
+    synthetic_spec synthetic;  // config set: serve random weights of that config.json (text_engine.h)
     http_options http;
     scheduler_options sched;
     std::string api_key;     // empty: no authentication
-    std::string model_name;  // empty: the model directory's name
+    std::string model_name;  // empty: the model directory's name ("synthetic-" + the config's directory name)
     int64_t ctx_size = 0;    // tokens per sequence (prompt + completion); 0: min(model maximum, 32768)
     int shutdown_grace_ms = 10000;  // in-flight requests may finish this long after SIGINT/SIGTERM
     bool progress = true;    // progress bar on stderr while loading
@@ -37,6 +39,9 @@ class server {
     // Throws tansy::error when the address cannot be bound.
     void start();
     int port() const;
+    // The loaded engine (after load()), for measurements beside the server (tansy bench --serve). Only while
+    // no request is running: the scheduler's thread drives this engine otherwise.
+    engine& eng();
     // Loads the model (on the calling thread) and starts the scheduler. Throws tansy::error.
     void load();
     // Asks the server to stop; safe to call from any thread, any number of times.

@@ -4,6 +4,10 @@
 
 namespace tansy {
 
+std::string_view token_bytes_or_unknown(const tokenizer& tok, int32_t id) {
+    return id >= 0 && id < tok.size() ? tok.token_bytes(id) : UNKNOWN_TOKEN_TEXT;
+}
+
 stop_matcher::stop_matcher(std::vector<std::string> stops) {
     for (std::string& s : stops)
         if (!s.empty()) stops_.push_back(std::move(s));
@@ -81,6 +85,10 @@ void completion_text::push(const token_event& e, text_delta& out) {
     }
     if (std::find(eos_.begin(), eos_.end(), e.id) != eos_.end()) return;  // the end of the turn is not text
     out.logprobs.push_back(e);
+    if (e.id < 0 || e.id >= tok_.size()) {  // a synthetic model's id: ends any partial character
+        emit(stop_.push(dec_.flush() + std::string(UNKNOWN_TOKEN_TEXT)), out);
+        return;
+    }
     emit(stop_.push(dec_.push(e.id)), out);
 }
 

@@ -12,6 +12,12 @@
 
 namespace tansy {
 
+// The text of an id the tokenizer does not know (a synthetic model's vocabulary can be larger than the
+// tokenizer's, runtime/text_engine.h): U+FFFD, one per such token, so that every token still makes text.
+inline constexpr std::string_view UNKNOWN_TOKEN_TEXT = "\xEF\xBF\xBD";
+// The raw bytes of a token, or UNKNOWN_TOKEN_TEXT for an id outside the tokenizer (never throws).
+std::string_view token_bytes_or_unknown(const tokenizer& tok, int32_t id);
+
 // Cuts text at the first occurrence of any stop string, across pushes.
 class stop_matcher {
   public:

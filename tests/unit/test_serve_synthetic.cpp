@@ -1,0 +1,180 @@
+// Served speed measurement: `tansy serve --synthetic` (random weights of a config.json behind the bundled
+// tokenizer, sampling over the whole vocabulary) and `tansy bench --serve` (the streaming load generator),
+// on the CPU backend with tiny configs. Skipped when tansy is built without cpp-httplib.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "server/http.h"
+#include "server/http_client.h"
+#include "server/load_client.h"
+#include "server/openai.h"
+#include "server/server.h"
+#include "server/text_stream.h"
+#include "test_util.h"
+
+namespace tansy {
+namespace {
+
+const std::string TINY_CONFIG = std::string(TANSY_SOURCE_DIR) + "/models/tiny-chat-q4/config.json";
+const std::string U_FFFD = "\xEF\xBF\xBD";
+
+// The tiny model's config with a vocabulary of 65536: ~94% of the ids lie beyond its 4073-id tokenizer.
+std::string big_vocab_config() {
+    std::ifstream in(TINY_CONFIG);
+    nlohmann::json c = nlohmann::json::parse(in);
+    c["text_config"]["vocab_size"] = 65536;
+    const std::string dir = test::temp_dir("serve_synthetic") + "/big-vocab";
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/config.json") << c.dump();
+    return dir + "/config.json";
+}
+
+int count_of(const std::string& s, const std::string& what) {
+    int n = 0;
+    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + what.size())) n++;
+    return n;
+}
+
+}  // namespace
+
+TEST(serve_synthetic, unknown_ids_decode_to_a_placeholder) {
+    const text_engine te([] {
+        engine_options o;
+        o.threads = 1;
+        return o;
+    }());
+    const tokenizer& tok = te.tok();
+    EXPECT_EQ(token_bytes_or_unknown(tok, (int32_t)tok.size()), UNKNOWN_TOKEN_TEXT);
+    EXPECT_EQ(token_bytes_or_unknown(tok, -1), UNKNOWN_TOKEN_TEXT);
+    const std::vector<int32_t> hi = tok.encode("hi");
+    EXPECT_EQ(token_bytes_or_unknown(tok, hi[0]), tok.token_bytes(hi[0]));
+    text_options o;
+    o.chat = false;
+    completion_text ct(tok, te.eos(), te.think_end(), o);
+    std::string shown;
+    for (int32_t id : {hi[0], (int32_t)tok.size() + 5, (int32_t)1 << 20, hi[0]}) {
+        text_delta d;
+        token_event e;
+        e.id = id;
+        EXPECT_NO_THROW(ct.push(e, d));
+        shown += d.text;
+    }
+    text_delta d;
+    ct.finish(d);
+    shown += d.text;
+    const std::string h(tok.token_bytes(hi[0]));
+    EXPECT_EQ(shown, h + U_FFFD + U_FFFD + h);
+    EXPECT_EQ(ct.completion_tokens(), 4);
+    // logprobs of an unknown id: the placeholder, as text and bytes
+    token_event e;
+    e.id = (int32_t)tok.size() + 1;
+    e.top = {{e.id, -0.5f}};
+    const ojson lp = chat_logprobs(tok, {e});
+    EXPECT_EQ(lp["content"][0]["token"], U_FFFD);
+    EXPECT_EQ(lp["content"][0]["bytes"], ojson::array({239, 191, 189}));
+}
+
+TEST(serve_synthetic, ignore_eos_is_parsed) {
+    EXPECT_FALSE(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}]})", {}).ignore_eos);
+    EXPECT_TRUE(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "ignore_eos": true})", {}).ignore_eos);
+    EXPECT_TRUE(parse_completion_request(R"({"prompt": "x", "ignore_eos": true})", {}).ignore_eos);
+    EXPECT_THROW(parse_completion_request(R"({"prompt": "x", "ignore_eos": 1})", {}), api_error);
+}
+
+// A chat completion from a synthetic model whose vocabulary is 16x the tokenizer's: sampling covers every id,
+// and the tokens beyond the tokenizer come back as U+FFFD instead of failing the request.
+TEST(serve_synthetic, serves_ids_beyond_the_tokenizer) {
+    if (!http_available()) GTEST_SKIP() << "built without cpp-httplib";
+    serve_options o;
+    o.engine.threads = 1;
+    o.synthetic.config = big_vocab_config();
+    o.synthetic.layers = 2;
+    o.http.port = 0;
+    o.sched.max_batch = 2;
+    o.ctx_size = 512;
+    o.progress = o.log_requests = false;
+    server srv(o);
+    srv.start();
+    srv.load();
+    EXPECT_EQ(srv.eng().cfg().vocab, 65536);
+    EXPECT_EQ(srv.eng().n_valid_tokens(), 65536) << "a synthetic model samples its whole vocabulary";
+
+    http_client c("127.0.0.1", srv.port(), 60);
+    std::string body, err;
+    ASSERT_EQ(c.get("/v1/models", &body, &err), 200) << err;
+    EXPECT_EQ(nlohmann::json::parse(body)["data"][0]["id"], "synthetic-big-vocab");
+
+    const int64_t N = 24;
+    const std::string req = nlohmann::json{{"messages", {{{"role", "user"}, {"content", "Hello there"}}}},
+                                           {"max_tokens", N},
+                                           {"ignore_eos", true},
+                                           {"temperature", 0},
+                                           {"logprobs", true}}
+                                .dump();
+    std::string resp;
+    ASSERT_EQ(c.post("/v1/chat/completions", req, [&](std::string_view p) { resp += p; return true; }, &err), 200)
+        << err << resp;
+    const nlohmann::json j = nlohmann::json::parse(resp);
+    EXPECT_EQ(j["usage"]["completion_tokens"], N);
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+    const nlohmann::json& lp = j["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ((int64_t)lp.size(), N);
+    int unknown = 0;
+    for (const auto& t : lp) unknown += t["bytes"] == nlohmann::json::array({239, 191, 189});
+    EXPECT_GT(unknown, 0) << resp;
+    const std::string text = j["choices"][0]["message"].value("content", std::string()) +
+                             j["choices"][0]["message"].value("reasoning_content", std::string());
+    EXPECT_GE(count_of(text, U_FFFD), unknown) << text;
+
+    // the same streamed, timed by the load generator: every token counted, one text event per token here
+    const std::string sreq = nlohmann::json{{"messages", {{{"role", "user"}, {"content", "Hello again"}}}},
+                                            {"max_tokens", N},
+                                            {"ignore_eos", true},
+                                            {"stream", true},
+                                            {"stream_options", {{"include_usage", true}}}}
+                                 .dump();
+    const stream_timing s = timed_stream(c, "/v1/chat/completions", sreq, std::chrono::steady_clock::now());
+    ASSERT_TRUE(s.ok) << s.error;
+    EXPECT_EQ(s.completion_tokens, N);
+    EXPECT_GT(s.ttft_s, 0);
+    EXPECT_GT(s.tok_s(), 0);
+    EXPECT_EQ(s.finish_reason, "length");
+    EXPECT_GE(s.last_s, s.first_s);
+    EXPECT_EQ((int64_t)s.itl_s.size(), s.text_events - 1);
+    srv.request_stop();
+    srv.wait();
+}
+
+TEST(serve_synthetic, bench_serve_json) {
+    if (!http_available()) GTEST_SKIP() << "built without cpp-httplib";
+    const int64_t max_tokens = 8;
+    std::string out;
+    const std::string cmd = std::string(TANSY_CLI) + " bench --serve --synthetic " + TINY_CONFIG +
+                            " --layers 2 --backend cpu --concurrency 1,2 --prompt-tokens 64 --max-tokens 8 --engine-steps 2"
+                            " --engine-runs 1 --json 2>/dev/null";
+    ASSERT_EQ(test::run_command(cmd, &out, false), 0) << out;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    ASSERT_TRUE(j["serve"].is_array());
+    ASSERT_EQ(j["serve"].size(), 4u);  // 2 concurrencies x greedy, sampled
+    int i = 0;
+    for (int64_t C : {1, 2})
+        for (const char* mode : {"greedy", "sampled"}) {
+            const nlohmann::json& r = j["serve"][i++];
+            EXPECT_EQ(r["concurrency"], C);
+            EXPECT_EQ(r["sampling"], mode);
+            EXPECT_EQ(r["completion_tokens"], C * max_tokens) << "every stream runs to max_tokens";
+            for (const char* k : {"agg_tok_s", "per_stream_tok_s", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50",
+                                  "ttft_ms_p99", "engine_tok_s"}) {
+                ASSERT_TRUE(r.contains(k) && r[k].is_number()) << k;
+                EXPECT_GT(r[k].get<double>(), 0) << k;
+            }
+            EXPECT_LE(r["itl_ms_p50"].get<double>(), r["itl_ms_p99"].get<double>());
+            EXPECT_LE(r["ttft_ms_p50"].get<double>(), r["ttft_ms_p99"].get<double>());
+        }
+}
+
+}  // namespace tansy
