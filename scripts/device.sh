@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build + test + bench on the GPU machine in one go (the device tool runs it in a copy of this tree, with
 # .carry from scripts/prepare-device-carry.sh). Results land in $OUT (or ./device-out).
-#   scripts/device.sh [test|bench|all|gtest|profile|detail|source|gdn-check|ab|ab-multi|tokenizer] [extra bench args...]
+#   scripts/device.sh [test|bench|serve-bench|all|gtest|profile|detail|source|gdn-check|ab|ab-multi|tokenizer] [extra bench args...]
 #   gtest: FILTER='cuda_gemm*' [MEMCHECK=1] scripts/device.sh gtest
 #   ab:    AB_PATCH=.carry/change.patch AB_REVERSE=1 scripts/device.sh ab --contexts 2048 --batches none --prompts none
 #          AB_ENV='TANSY_DECODE_INT8=0' scripts/device.sh ab   (B: the same binary under that environment)
@@ -41,6 +41,18 @@ if [ "$what" = test ] || [ "$what" = all ]; then
       build-dev/tests/tansy_cuda_tests --gtest_filter='*cuda_gemv*:cuda_ops.tiny_shapes:cuda_ops.real_shapes:cuda_ops.router_tap*:cuda_ops.embed*:cuda_model.graphs*:cuda_rms*:cuda_gemm_swiglu*:cuda_gemm_grouped*:cuda_gemm_scale*:cuda_gemm_ops.tiny*:cuda_attention_prefill.tiny*:cuda_attention_prefill.fp8_cache_tiny*:cuda_gdn_prefill.tiny*:cuda_sample*' \
       > "$OUT/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; tail -30 "$OUT/memcheck.log"; rc=1; }
   fi
+fi
+if [ "$what" = test ] || [ "$what" = all ]; then
+  # tansy serve on the tiny model with --backend cuda: streamed = non-streamed = tansy run (greedy)
+  timeout 300 scripts/device-serve-check.sh cuda > "$OUT/serve-check.log" 2>&1 && echo "serve check: PASS" \
+    || { echo "serve check: FAIL"; tail -25 "$OUT/serve-check.log"; rc=1; }
+fi
+if [ "$what" = serve-bench ] || [ "$what" = all ]; then
+  # tansy bench --serve: served speed (streaming HTTP clients) beside the engine's own decode rate, one process
+  timeout ${SERVE_BENCH_TIMEOUT:-560} build-dev/bin/tansy bench --serve --backend cuda \
+    --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json ${SERVE_BENCH_ARGS:-} --json > "$OUT/serve-bench.json" \
+    2> "$OUT/serve-bench.log" || { echo "serve-bench: FAILED"; rc=1; }
+  grep -vE "^\s*$" "$OUT/serve-bench.log" | tail -16
 fi
 if [ "$what" = gtest ]; then
   # only the CUDA test binary, the tests matching $FILTER (gtest syntax), optionally under compute-sanitizer ($MEMCHECK=1)
