@@ -170,6 +170,7 @@ class backend {
     virtual uint64_t memory_epoch() const { return 0; }
     virtual void capture_begin() {}
     virtual void capture_end(uint64_t key = 0) {}
+    virtual void capture_abort() {}  // after an op failed during capture: the queue runs eagerly again
     virtual void replay(uint64_t key = 0) {}
     virtual bool has_graph(uint64_t key) const { return false; }
     virtual void drop_graph(uint64_t key) {}

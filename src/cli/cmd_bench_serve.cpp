@@ -192,7 +192,7 @@ int cmd_bench_serve(int argc, char** argv) {
         .option("--max-batch", "N", "the server's --max-batch (default: the largest concurrency)")
         .option("--state-memory", "MIB", "the server's --state-memory (default: half of available memory on cpu,\n"
                                          "                            65536 on cuda)")
-        .option("--prefill-budget", "N", "the server's --prefill-budget (default 8192)")
+        .option("--prefill-budget", "N", "the server's --prefill-budget (default 2048)")
         .option("--engine-steps", "N", "decode steps per timed run of engine_tok_s (default 32)")
         .option("--engine-runs", "N", "timed runs of engine_tok_s, median reported (default 5, after 3 warm-up steps)")
         .option("--json", "", "print {\"serve\": [rows]} (and the setup) as JSON");
@@ -218,7 +218,7 @@ int cmd_bench_serve(int argc, char** argv) {
     // note: the server's 16 GiB cuda default would not hold 256 sequences of 2K tokens of the real model
     so.sched.state_budget = mib > 0 ? (size_t)mib << 20
                             : so.engine.backend == "cpu" ? default_state_budget("cpu") : size_t(64) << 30;
-    so.sched.prefill_budget = p.integer("--prefill-budget", 8192);
+    so.sched.prefill_budget = p.integer("--prefill-budget", 2048);
     if (so.sched.prefill_budget < 1) fail("bench --serve: --prefill-budget must be >= 1");
     // every state gets this capacity on cuda: no more than a stream needs
     so.ctx_size = prompt_tokens + max_tokens + 64;

@@ -81,8 +81,8 @@ int cmd_serve(int argc, char** argv) {
         .option("--state-memory", "MIB", "KV cache + recurrent state of running sequences, at most (default: half of\n"
                                          "                            available memory on cpu, 16384 on cuda; on cuda, --kv-cache fp8\n"
                                          "                            fits about twice the tokens of long contexts in it)")
-        .option("--prefill-budget", "N", "prompt tokens prefilled per scheduler step, between decode steps of the running sequences (at least one "
-                  "--prefill-chunk; default 8192)")
+        .option("--prefill-budget", "N", "prompt tokens a step carries beside the running sequences' decode rows (default\n"
+                                           "                            2048): bounds their wait between two tokens")
         .option("--max-body", "MIB", "largest request body accepted (default 8; larger gets 413)")
         .option("--http-threads", "N", "concurrent connections (default max(64, 2 x (max-batch + max-queue)))")
         .option("--shutdown-timeout", "S", "seconds running requests get to finish on shutdown (default 10)")
@@ -109,7 +109,7 @@ int cmd_serve(int argc, char** argv) {
     const int64_t mib = p.integer("--state-memory", 0);
     if (mib < 0) fail("serve: --state-memory must be >= 0");
     o.sched.state_budget = mib > 0 ? (size_t)mib << 20 : default_state_budget(o.engine.backend);
-    o.sched.prefill_budget = p.integer("--prefill-budget", 8192);
+    o.sched.prefill_budget = p.integer("--prefill-budget", 2048);
     if (o.sched.prefill_budget < 1) fail("serve: --prefill-budget must be >= 1");
     const int64_t body = p.integer("--max-body", 8);
     if (body < 1) fail("serve: --max-body must be >= 1");

@@ -58,6 +58,9 @@ class forward_pass {
     // Allocates buffers for batches of up to T rows (and n_logit_rows rows of logits) ahead of time.
     void reserve(int64_t T, int64_t n_logit_rows);
     int64_t workspace_rows() const { return cap_; }  // batch rows the activation buffers hold now
+    // The first `rows` rows of the logits buffer: what run() returned for a step of that many logits rows (a
+    // replayed graph of such a step writes them too).
+    tensor logits_view(int64_t rows) const { return logits_.t().rows_view(0, rows); }
     const model& mdl() const { return m_; }
 
   private:

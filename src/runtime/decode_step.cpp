@@ -16,14 +16,14 @@ decode_step::decode_step(engine& eng, int max_slots, bool graphs)
     : eng_(eng), be_(eng.be()), max_slots_(max_slots), graphs_(graphs && eng.be().supports_graphs()),
       uid_(g_next_uid++), n_valid_(eng.n_valid_tokens()) {
     TANSY_CHECK(max_slots >= 1 && max_slots < (1 << 20), "decode_step: %d slots", max_slots);
-    tok_ = be_.alloc(max_slots, 1, dtype::i32);
-    params_ = be_.alloc(max_slots, k_row_sampling_cols, dtype::f32);
-    rng_ = be_.alloc(max_slots, 2, dtype::i32);
+    tok_ = be_.alloc(max_slots + 1, 1, dtype::i32);
+    params_ = be_.alloc(max_slots + 1, k_row_sampling_cols, dtype::f32);
+    rng_ = be_.alloc(max_slots + 1, 2, dtype::i32);
     row_slot_ = be_.alloc(max_slots, 1, dtype::i32);
     ids_ = be_.alloc(max_slots, 1, dtype::i32);
     next_ = be_.alloc(max_slots, 1, dtype::i32);
     one_slot_ = be_.alloc(1, 1, dtype::i32);
-    host_params_.assign((size_t)max_slots * k_row_sampling_cols, 0.0f);
+    host_params_.assign((size_t)(max_slots + 1) * k_row_sampling_cols, 0.0f);
     pinned_ = be_.alloc_host((size_t)k_ring * (size_t)max_slots * sizeof(int32_t));
     fences_.assign(k_ring, 0);
     // the forward pass's buffers for a full batch now, so that growing them later does not invalidate graphs
@@ -31,7 +31,11 @@ decode_step::decode_step(engine& eng, int max_slots, bool graphs)
 }
 
 decode_step::~decode_step() {
-    for (const auto& [key, epochs] : captured_) be_.drop_graph(key);
+    try {
+        be_.synchronize();  // no queued step may still write the buffers freed below
+    } catch (const std::exception&) {
+    }
+    for (const auto& [key, mark] : captured_) be_.drop_graph(key);
 }
 
 void decode_step::bind(int slot, const sampling_params& p) {
@@ -71,8 +75,57 @@ void decode_step::run_ops(int64_t B, bool sampling, const std::vector<seq_span>&
     be_.scatter_slots(tok_.t(), nx, rs);
 }
 
-uint64_t decode_step::launch(const std::vector<row>& rows) {
+// A step with prompt chunks: decode rows first (one token each), then each chunk's span; one logits row per
+// span. Eager, in buffers of its own, so that no captured graph refers to memory it grows.
+void decode_step::run_mixed(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks) {
+    const int64_t B = (int64_t)rows.size(), C = (int64_t)chunks.size();
+    int64_t T = B;
+    for (const prompt_chunk& c : chunks) {
+        TANSY_CHECK(c.state && c.ids && c.n >= 1 && c.slot >= 0 && c.slot < max_slots_, "decode_step: a prompt chunk of %lld tokens, slot %d",
+                    (long long)c.n, c.slot);
+        T += c.n;
+    }
+    TANSY_CHECK(B + C <= max_slots_, "decode_step: %lld rows and %lld prompt chunks (%d slots)", (long long)B, (long long)C,
+                max_slots_);
+    if (!mixed_ids_ || mixed_ids_.t().rows < T) mixed_ids_ = be_.alloc(std::max<int64_t>(T, 2 * max_slots_), 1, dtype::i32);
+    if (!mixed_slot_) mixed_slot_ = be_.alloc(max_slots_, 1, dtype::i32);
+    std::vector<int32_t> slots;
+    std::vector<seq_span> spans;
+    bool sampling = false;
+    for (int64_t r = 0; r < B; r++) {
+        slots.push_back(rows[(size_t)r].slot);
+        spans.push_back(seq_span{rows[(size_t)r].state, r, 1, rows[(size_t)r].state->n_past()});
+    }
+    int64_t at = B;
+    for (const prompt_chunk& c : chunks) {
+        slots.push_back(c.last ? c.slot : max_slots_);
+        be_.upload(mixed_ids_.t().rows_view(at, c.n), c.ids);
+        spans.push_back(seq_span{c.state, at, c.n, c.state->n_past()});
+        at += c.n;
+    }
+    for (int32_t s : slots) sampling = sampling || host_params_[(size_t)s * k_row_sampling_cols] > 0;
+    const tensor ms = mixed_slot_.t().rows_view(0, B + C), nx = next_.t().rows_view(0, B + C);
+    be_.upload(ms, slots.data());
+    const tensor ids = mixed_ids_.t().rows_view(0, T);
+    if (B > 0) be_.gather_slots(ids.rows_view(0, B), tok_.t(), ms.rows_view(0, B));
+    logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
+    be_.argmax(nx, logits_, n_valid_);
+    if (sampling) be_.sample_rows(nx, logits_, n_valid_, params_.t(), rng_.t(), ms);
+    be_.scatter_slots(tok_.t(), nx, ms);
+}
+
+uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks) {
     const int64_t B = (int64_t)rows.size();
+    if (!chunks.empty()) {
+        for (const row& w : rows)
+            TANSY_CHECK(w.slot >= 0 && w.slot < max_slots_ && w.state, "decode_step: a row of slot %d", w.slot);
+        run_mixed(rows, chunks);
+        const uint64_t t = ++launched_;
+        int32_t* out = (int32_t*)pinned_.get() + (size_t)(t % k_ring) * (size_t)max_slots_;
+        be_.download_async(out, next_.t().rows_view(0, B + (int64_t)chunks.size()));
+        fences_[t % k_ring] = be_.fence();
+        return t;
+    }
     TANSY_CHECK(B >= 1 && B <= max_slots_, "decode_step: a step of %lld rows (%d slots)", (long long)B, max_slots_);
     std::vector<int32_t> slots((size_t)B);
     std::vector<seq_span> spans((size_t)B);
@@ -93,31 +146,41 @@ uint64_t decode_step::launch(const std::vector<row>& rows) {
         row_slot_host_ = slots;
         row_slot_rows_ = B;
     }
-    // one graph per shape: the rows, whether any row draws, and the states' capacity (baked into the kernels)
-    const uint64_t key = (uid_ << 44) ^ ((uint64_t)capacity << 21) ^ ((uint64_t)B << 1) ^ (uint64_t)sampling;
-    const std::pair<uint64_t, uint64_t> epochs{be_.memory_epoch(), eng_.fwd().memory_epoch()};
+    // One graph per (rows, any row draws), keyed apart from other decode_steps on the backend; it holds the
+    // states' capacity (baked into the kernels) and the memory epochs it was recorded at, and is recorded again
+    // when either differs. Span lengths are all 1 here: prepare_step's contract.
+    const uint64_t key = (uid_ << 24) ^ ((uint64_t)B << 1) ^ (uint64_t)sampling;
+    const shape_mark now{capacity, be_.memory_epoch(), eng_.fwd().memory_epoch()};
     bool same_capacity = true;
     for (const row& w : rows) same_capacity = same_capacity && w.state->capacity() == capacity;
     const bool graph = graphs_ && same_capacity;
     auto c = captured_.find(key);
-    if (graph && c != captured_.end() && c->second == epochs) {
+    auto w = warm_.find(key);
+    if (graph && c != captured_.end() && c->second == now) {
         be_.prepare_step(spans);
         be_.replay(key);
-        for (const row& w : rows) w.state->set_n_past(w.state->n_past() + 1);
-    } else if (graph && warm_.count(key) && warm_[key] == epochs) {
+        for (const row& r : rows) r.state->set_n_past(r.state->n_past() + 1);
+        logits_ = eng_.fwd().logits_view(B);
+    } else if (graph && w != warm_.end() && w->second == now) {
         // the eager step before settled every buffer of this shape: record one step, then run it
         be_.prepare_step(spans);
         be_.capture_begin();
-        run_ops(B, sampling, spans);
+        try {
+            run_ops(B, sampling, spans);
+        } catch (...) {
+            be_.capture_abort();
+            for (const row& r : rows) r.state->set_n_past(spans[(size_t)(&r - rows.data())].pos0);
+            throw;
+        }
         be_.capture_end(key);
         // capture only recorded: the states' host mirrors advanced as if it ran; undo that before the replay
-        for (const row& w : rows) w.state->set_n_past(w.state->n_past() - 1);
+        for (const row& r : rows) r.state->set_n_past(r.state->n_past() - 1);
         be_.replay(key);
-        for (const row& w : rows) w.state->set_n_past(w.state->n_past() + 1);
-        captured_[key] = epochs;
+        for (const row& r : rows) r.state->set_n_past(r.state->n_past() + 1);
+        captured_[key] = now;
     } else {
         run_ops(B, sampling, spans);
-        warm_[key] = {be_.memory_epoch(), eng_.fwd().memory_epoch()};
+        warm_[key] = {capacity, be_.memory_epoch(), eng_.fwd().memory_epoch()};
     }
     const uint64_t t = ++launched_;
     int32_t* out = (int32_t*)pinned_.get() + (size_t)(t % k_ring) * (size_t)max_slots_;

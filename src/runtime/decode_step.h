@@ -49,20 +49,30 @@ class decode_step {
         int slot = 0;
         seq_state* state = nullptr;
     };
-    // Queues one step over `rows` (every state advances by one token; each must have room for it). Returns the
-    // step's ticket for wait().
-    uint64_t launch(const std::vector<row>& rows);
-    // Blocks until step `ticket` (one of the last k_ring launched) has finished; its tokens in row order, valid
-    // until k_ring more steps are launched.
+    // A piece of a prompt that runs in the same forward pass as the decode rows (a mixed step): its state
+    // advances by n tokens. The last piece of a prompt picks the slot's first token; earlier pieces pick nothing.
+    struct prompt_chunk {
+        int slot = 0;
+        seq_state* state = nullptr;
+        const int32_t* ids = nullptr;  // host
+        int64_t n = 0;
+        bool last = false;
+    };
+    // Queues one step over `rows` (every state advances by one token; each must have room for it) and `chunks`.
+    // A step with prompt chunks runs eagerly (its shape is new each time). Returns the step's ticket for wait().
+    uint64_t launch(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks = {});
+    // Blocks until step `ticket` (one of the last k_ring launched) has finished; its picks, rows first and then
+    // one per chunk (meaningful for last chunks), valid until k_ring more steps are launched.
     const int32_t* wait(uint64_t ticket);
-    // The logits of the last launched step, [B, V] in backend memory: valid once it has been waited for, until
-    // the next launch.
+    // The logits of the last launched step, [B + chunks, V] in backend memory: valid once it has been waited
+    // for, until the next launch.
     const tensor& logits() const { return logits_; }
 
     static constexpr int k_ring = 4;  // steps whose tokens can be in flight at once
 
   private:
     void run_ops(int64_t B, bool sampling, const std::vector<seq_span>& spans);
+    void run_mixed(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks);
 
     engine& eng_;
     backend& be_;
@@ -70,7 +80,10 @@ class decode_step {
     bool graphs_;
     uint64_t uid_;
     int64_t n_valid_;
+    // tok_, params_ and rng_ have one slot more than max_slots: the scratch slot takes the picks of prompt
+    // chunks that are not a prompt's last (greedy, never read)
     buffer tok_, params_, rng_, row_slot_, ids_, next_, one_slot_;
+    buffer mixed_ids_, mixed_slot_;  // a mixed step's ids and pick -> slot table (never in a graph)
     std::vector<float> host_params_;        // [max_slots, 4], mirrors params_
     std::vector<int32_t> row_slot_host_;    // what row_slot_ holds
     int64_t row_slot_rows_ = -1;
@@ -78,8 +91,14 @@ class decode_step {
     uint64_t launched_ = 0;
     std::vector<uint64_t> fences_;          // per ring entry: the fence of the step that fills it
     tensor logits_;
-    // per graph key: the memory epochs (backend, forward pass) it was captured at / last run eagerly at
-    std::map<uint64_t, std::pair<uint64_t, uint64_t>> captured_, warm_;
+    // per graph key: the states' capacity and the memory epochs (backend, forward pass) it was captured at /
+    // last run eagerly at
+    struct shape_mark {
+        int64_t capacity = 0;
+        uint64_t be_epoch = 0, fwd_epoch = 0;
+        bool operator==(const shape_mark&) const = default;
+    };
+    std::map<uint64_t, shape_mark> captured_, warm_;
 };
 
 }  // namespace tansy

@@ -61,7 +61,6 @@ scheduler::scheduler(engine& eng, scheduler_options opt) : eng_(eng), opt_(opt) 
     const model_config& c = eng_.cfg();
     per_token_bytes_ = preallocated_ ? (b2 - b1 + 1023) / 1024
                                      : (size_t)2 * (size_t)c.n_full_attention() * (size_t)c.kv_dim() * sizeof(float);
-    ids_ = eng_.be().alloc(opt_.max_batch, 1, dtype::i32);
     step_ = std::make_unique<decode_step>(eng_, opt_.max_batch);
     for (int i = opt_.max_batch - 1; i >= 0; i--) free_slots_.push_back(i);
     stats_.state_budget = opt_.state_budget;
@@ -227,61 +226,32 @@ void scheduler::emit(sequence& s, token_event ev) {
     }
 }
 
-// One chunk of s's prompt (the same chunks engine::generate makes: forward_pass::prefill_chunk tokens); the
-// last one yields the first token.
-void scheduler::prefill_chunk(sequence& s) {
-    backend& be = eng_.be();
-    const auto t0 = sched_clock::now();
-    const std::vector<int32_t>& p = s.req.prompt;
-    if (s.prefilled == 0) eng_.check_ids(p);
-    const int64_t T = std::min<int64_t>((int64_t)p.size() - s.prefilled, eng_.fwd().prefill_chunk);
-    const bool last = s.prefilled + T == (int64_t)p.size();
-    if (ids_.t().rows < T) ids_ = be.alloc(std::max<int64_t>(T, opt_.max_batch), 1, dtype::i32);
-    const tensor ids = ids_.t().rows_view(0, T);
-    be.upload(ids, p.data() + s.prefilled);
-    const tensor logits = eng_.fwd().prefill(ids, *s.st, last ? logits_rows::last : logits_rows::none);
-    s.prefilled += T;
-    if (!last) {
-        be.synchronize();  // the step's compute time belongs to this sequence's prefill
-        s.prefill_s += std::chrono::duration<double>(sched_clock::now() - t0).count();
-        return;
-    }
-    // the first token into the sequence's slot, picked as a decode step picks; a host-chosen one replaces it
-    const int32_t dev = step_->pick_prompt(s.slot, logits);
-    token_event ev;
-    ev.id = dev;
-    if (needs_host_logits(s)) {
-        host_logits_.resize((size_t)logits.numel());
-        be.download(host_logits_.data(), logits);
-        ev = choose(s, host_logits_.data(), dev, scratch_);
-        if (ev.id != dev) step_->set_token(s.slot, ev.id);
-    }
-    s.started = true;
-    s.prefill_s += std::chrono::duration<double>(sched_clock::now() - t0).count();
-    emit(s, std::move(ev));
-}
-
-// Advances the prompts being prefilled by a chunk each, in admission order, up to prefill_budget tokens per
-// step (at least one chunk): a long prompt no longer stalls the running sequences, which decode between its
-// chunks.
-void scheduler::prefill_step() {
-    int64_t budget = opt_.prefill_budget;
-    bool first = true;
+// The prompt pieces the next step carries, in admission order: at most prefill_budget tokens (at least one piece)
+// while sequences are decoding, so that none of them waits longer than one bounded piece between two tokens;
+// the engine's whole prefill chunk when nothing else runs (a lone prompt goes in generate()'s chunks).
+std::vector<scheduler::chunk_plan> scheduler::next_chunks(bool others_decoding) {
+    std::vector<chunk_plan> out;
+    const int64_t chunk = eng_.fwd().prefill_chunk;
+    int64_t budget = others_decoding ? std::min(opt_.prefill_budget, chunk) : chunk;
     for (auto& sp : active_) {
         sequence& s = *sp;
-        if (s.done || !s.st || s.prefilled >= (int64_t)s.req.prompt.size()) continue;
-        const int64_t n = std::min<int64_t>((int64_t)s.req.prompt.size() - s.prefilled, eng_.fwd().prefill_chunk);
-        if (!first && n > budget) break;
-        first = false;
-        budget -= n;
-        try {
-            prefill_chunk(s);
-            if (s.started) prompt_total_ += s.req.prompt.size();
-        } catch (const std::exception& e) {
-            s.st.reset();
-            finish(s, finish_reason::error, e.what());
+        if (s.done || !s.st || s.started) continue;
+        const int64_t left = (int64_t)s.req.prompt.size() - s.prefilled;
+        if (left <= 0) continue;
+        if (s.prefilled == 0) {
+            try {
+                eng_.check_ids(s.req.prompt);
+            } catch (const std::exception& e) {
+                finish(s, finish_reason::error, e.what());
+                continue;
+            }
         }
+        const int64_t n = std::min(left, budget);
+        if (n <= 0) break;
+        out.push_back({&s, n, n == left});
+        budget -= n;
     }
+    return out;
 }
 
 // The sequences that can take one more decode step, in admission order.
@@ -292,26 +262,45 @@ std::vector<scheduler::sequence*> scheduler::decodable() const {
     return batch;
 }
 
-// Emits the tokens of the step in flight, if any. Rows of sequences that ended meanwhile (a stop token in the
-// step before, a cancellation) are dropped: that token was computed ahead and is not theirs to report.
+// Emits the tokens of the step in flight, if any: one per decode row, and the first token of each prompt whose
+// last piece it carried. Rows of sequences that ended meanwhile (a stop token in the step before, a cancellation)
+// are dropped: that token was computed ahead and is not theirs to report.
 void scheduler::drain() {
     if (!pending_) return;
     step_in_flight p = std::move(*pending_);
     pending_.reset();
     const int32_t* toks = step_->wait(p.ticket);
-    const int64_t B = (int64_t)p.rows.size();
-    std::vector<int32_t> dev(toks, toks + B);
-    for (sequence* s : p.rows) s->in_flight--;
-    // Host-chosen rows (sync steps only): their logits rows come down, and the choice replaces the slot's token.
+    struct pick {
+        sequence* s;
+        int64_t row;  // the step's logits row
+    };
+    std::vector<pick> picks;
+    for (size_t i = 0; i < p.rows.size(); i++) {
+        p.rows[i]->in_flight--;
+        picks.push_back({p.rows[i], (int64_t)i});
+    }
+    const double step_s = std::chrono::duration<double>(sched_clock::now() - p.launched).count();
+    for (size_t c = 0; c < p.chunks.size(); c++) {
+        sequence& s = *p.chunks[c].seq;
+        s.in_flight--;
+        s.prefill_s += step_s;
+        if (p.chunks[c].last && !s.done) {
+            s.started = true;
+            prompt_total_ += s.req.prompt.size();
+            picks.push_back({&s, (int64_t)(p.rows.size() + c)});
+        }
+    }
+    // Host-chosen picks (sync steps only): their logits rows come down, and the choice replaces the slot's token.
     // Sampling a 248K-token row costs ~0.1-1 ms on the host: the rows are chosen in parallel (each touches only
-    // its own sequence), then emitted in batch order. Constrained rows stay on this thread (a grammar's state is
-    // the request's own, but its matcher need not be thread-safe).
-    std::vector<token_event> ev((size_t)B);
-    std::vector<char> host((size_t)B), parallel_row((size_t)B);
+    // its own sequence), then emitted in order. Constrained rows stay on this thread (a grammar's state is the
+    // request's own, but its matcher need not be thread-safe).
+    const int64_t n = (int64_t)picks.size();
+    std::vector<token_event> ev((size_t)n);
+    std::vector<char> host((size_t)n), parallel_row((size_t)n);
     int64_t n_host = 0, n_parallel = 0;
-    for (int64_t i = 0; i < B; i++) {
-        const sequence& s = *p.rows[(size_t)i];
-        ev[(size_t)i].id = dev[(size_t)i];
+    for (int64_t i = 0; i < n; i++) {
+        const sequence& s = *picks[(size_t)i].s;
+        ev[(size_t)i].id = toks[picks[(size_t)i].row];
         host[(size_t)i] = !s.done && needs_host_logits(s);
         parallel_row[(size_t)i] = host[(size_t)i] && !s.req.constraint;
         n_host += host[(size_t)i];
@@ -321,58 +310,69 @@ void scheduler::drain() {
     const int64_t V = logits.cols;
     if (n_host > 0) {
         TANSY_CHECK(p.sync, "scheduler: a host-chosen row in a queued-ahead step");
-        host_logits_.resize((size_t)(B * V));
-        for (int64_t i = 0; i < B; i++)
-            if (host[(size_t)i]) eng_.be().download(host_logits_.data() + i * V, logits.rows_view(i, 1));
+        host_logits_.resize((size_t)(n * V));
+        for (int64_t i = 0; i < n; i++)
+            if (host[(size_t)i]) eng_.be().download(host_logits_.data() + i * V, logits.rows_view(picks[(size_t)i].row, 1));
     }
-    std::vector<std::exception_ptr> failed((size_t)B);  // an exception must not leave an OpenMP region
+    std::vector<std::exception_ptr> failed((size_t)n);  // an exception must not leave an OpenMP region
 #pragma omp parallel if (n_parallel > 1)
     {
         thread_local std::vector<float> scratch;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < B; i++) {
+        for (int64_t i = 0; i < n; i++) {
             if (!parallel_row[(size_t)i]) continue;
             try {
-                ev[(size_t)i] = choose(*p.rows[(size_t)i], host_logits_.data() + i * V, dev[(size_t)i], scratch);
+                ev[(size_t)i] = choose(*picks[(size_t)i].s, host_logits_.data() + i * V, ev[(size_t)i].id, scratch);
             } catch (...) {
                 failed[(size_t)i] = std::current_exception();
             }
         }
     }
-    for (int64_t i = 0; i < B; i++) {
-        sequence& s = *p.rows[(size_t)i];
+    for (int64_t i = 0; i < n; i++) {
+        sequence& s = *picks[(size_t)i].s;
         if (s.done) continue;
         if (failed[(size_t)i]) std::rethrow_exception(failed[(size_t)i]);  // as if chosen here, in order
-        if (host[(size_t)i] && !parallel_row[(size_t)i])
-            ev[(size_t)i] = choose(s, host_logits_.data() + i * V, dev[(size_t)i], scratch_);
-        if (host[(size_t)i] && ev[(size_t)i].id != dev[(size_t)i]) step_->set_token(s.slot, ev[(size_t)i].id);
+        const int32_t dev = toks[picks[(size_t)i].row];
+        if (host[(size_t)i] && !parallel_row[(size_t)i]) ev[(size_t)i] = choose(s, host_logits_.data() + i * V, dev, scratch_);
+        if (host[(size_t)i] && ev[(size_t)i].id != dev) step_->set_token(s.slot, ev[(size_t)i].id);
         emit(s, std::move(ev[(size_t)i]));
     }
 }
 
-// One decode step over every decodable sequence. A step whose rows all pick on the device is queued ahead: the
-// next step is launched before this one's tokens are read, so the host's work (emitting, the next iteration's
-// bookkeeping) overlaps the device's. A batch with host-chosen rows, or whose membership changed, waits first.
-void scheduler::decode() {
+// One step: every decodable sequence's next token, and the next pieces of the prompts being prefilled (a mixed
+// step). A decode-only step whose rows all pick on the device is queued ahead: the next step is launched before
+// this one's tokens are read, so the host's work (emitting, the next iteration's bookkeeping) overlaps the
+// device's. A step with prompt pieces or host-chosen rows, or whose membership changed, waits first.
+void scheduler::step() {
     std::vector<sequence*> batch = decodable();
-    bool sync = false;
+    std::vector<chunk_plan> chunks = next_chunks(!batch.empty());
+    bool sync = !chunks.empty();
     for (sequence* s : batch) sync = sync || sync_row(s->req, s->host_always);
     const bool ahead = pending_ && !sync && !pending_->sync && batch == pending_->rows;
     if (!ahead) {
         drain();
         batch = decodable();  // emitting may have ended some
-        sync = false;
+        chunks = next_chunks(!batch.empty());
+        sync = !chunks.empty();
         for (sequence* s : batch) sync = sync || sync_row(s->req, s->host_always);
     }
-    if (batch.empty()) return;
+    if (batch.empty() && chunks.empty()) return;
     std::vector<decode_step::row> rows;
     rows.reserve(batch.size());
     for (sequence* s : batch) rows.push_back({s->slot, s->st.get()});
+    std::vector<decode_step::prompt_chunk> pieces;
+    for (const chunk_plan& k : chunks) {
+        sequence& s = *k.seq;
+        pieces.push_back({s.slot, s.st.get(), s.req.prompt.data() + s.prefilled, k.n, k.last});
+    }
     step_in_flight next;
-    next.ticket = step_->launch(rows);
+    next.launched = sched_clock::now();
+    next.ticket = step_->launch(rows, pieces);
     next.rows = batch;
+    next.chunks = chunks;
     next.sync = sync;
     for (sequence* s : batch) s->in_flight++;
+    for (const chunk_plan& k : chunks) k.seq->prefilled += k.n, k.seq->in_flight++;
     if (ahead) drain();  // the step before, while this one runs
     pending_ = std::move(next);
     if (sync) drain();
@@ -459,8 +459,9 @@ void scheduler::loop() {
                 seq.slot = free_slots_.back();
                 free_slots_.pop_back();
                 const sampling_params& sp = seq.req.sampling;
+                // a sampled row with a grammar draws on the host throughout, so that its draws are one stream
                 seq.host_always = seq.req.penalties.any() || seq.req.logprobs >= 0 ||
-                                  (sp.temperature > 0 && !row_samples_on_device(sp, eng_.n_valid_tokens()));
+                                  (sp.temperature > 0 && (seq.req.constraint || !row_samples_on_device(sp, eng_.n_valid_tokens())));
                 sampling_params on_device = sp;
                 if (seq.host_always) on_device.temperature = 0;  // the slot's pick is an argmax the host replaces
                 step_->bind(seq.slot, on_device);
@@ -471,25 +472,24 @@ void scheduler::loop() {
             }
         }
         sweep_finished();
-        bool prompts = false;
-        for (const auto& s : active_) prompts = prompts || (!s->done && s->st && !s->started);
         try {
-            if (prompts) drain();  // a prompt's chunk changes the batch the device runs: the queued step goes first
-            prefill_step();
-            sweep_finished();
-            decode();
+            step();
+            if (!active_.empty() && std::all_of(active_.begin(), active_.end(), [](const auto& s) { return s->done; }))
+                drain();  // nothing left to decode: the step in flight holds only ended rows
         } catch (const std::exception& e) {
-            // the batch's states are now inconsistent: end every sequence that was in it
-            TANSY_WARN("scheduler: decode step failed: %s", e.what());
+            // the step's states are now inconsistent: end every sequence that was in it
+            TANSY_WARN("scheduler: a step failed: %s", e.what());
             pending_.reset();
-            eng_.be().synchronize();
+            try {
+                eng_.be().synchronize();
+            } catch (const std::exception& e2) {
+                TANSY_WARN("scheduler: the backend failed too: %s", e2.what());
+            }
             for (auto& s : active_) {
                 s->in_flight = 0;
-                if (s->started) finish(*s, finish_reason::error, e.what());
+                if (s->started || s->prefilled > 0) finish(*s, finish_reason::error, e.what());
             }
         }
-        if (!active_.empty() && std::all_of(active_.begin(), active_.end(), [](const auto& s) { return s->done; }))
-            drain();  // nothing left to decode: the step in flight holds only ended rows
         sweep_finished();
         size_t bytes = 0;
         for (const auto& s : active_) bytes += s->st ? s->st->bytes() : 0;

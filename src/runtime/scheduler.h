@@ -1,14 +1,17 @@
 // Continuous batching over one engine. A single engine-owner thread (the only thread that touches the engine
 // and its backend, which are single-threaded) loops:
-//   1. takes cancellations, frees their states at once;
+//   1. takes cancellations (their states are freed once no step in flight uses them);
 //   2. admits queued sequences (FIFO) while the batch is under max_batch and their state fits the memory
-//      budget; advances the prompts being prefilled by one chunk each (the engine's prefill_chunk tokens, the
-//      chunks engine::generate makes, so a lone greedy request gives exactly its tokens), up to prefill_budget
-//      tokens per step, so a long prompt does not stall the running sequences;
-//   3. decodes every running sequence together: one forward_pass::run with one single-token span per sequence;
-//   4. picks each sequence's next token with its own sampler (penalties, constraint, logprobs on the host;
-//      plain greedy rows use the backend's argmax, as engine::generate does), reports it to the sequence's
-//      sink, and ends sequences at a stop id or max_tokens.
+//      budget; each takes a decode_step slot (runtime/decode_step.h) holding its next token, sampling
+//      parameters and RNG on the device;
+//   3. runs one step (decode_step::launch): one token for every running sequence, plus the next pieces of the
+//      prompts being prefilled in the same forward pass (a mixed step) - at most prefill_budget prompt tokens
+//      while others decode, so none waits longer than one bounded piece between two tokens; a prompt alone goes
+//      in the engine's prefill chunks (engine::generate's, so a lone greedy request gives exactly its tokens);
+//   4. reports each pick to its sequence's sink and ends sequences at a stop id or max_tokens. Picks are made
+//      on the device (argmax, or a seeded draw); rows that need the distribution (log-probs, penalties, an
+//      active grammar, sampling the device does not draw) are chosen on the host from their logits row only.
+//      Decode-only steps whose rows all pick on the device are queued one ahead of the host.
 // Submission is bounded: a full queue is refused at once (the HTTP layer answers 429 with Retry-After).
 //
 // Text is not the scheduler's business: stop strings, detokenisation and parsing happen where the sink's
@@ -96,7 +99,9 @@ struct scheduler_options {
     int max_batch = 16;                 // sequences decoded together
     int max_queue = 64;                 // admitted-but-waiting sequences; beyond: submit() refuses
     size_t state_budget = size_t(8) << 30;  // bytes of sequence state (KV cache + recurrent state) in use at most
-    int64_t prefill_budget = 8192;      // prompt tokens prefilled per iteration (at least one chunk)
+    // prompt tokens a step carries while other sequences decode (at least one token; a prompt alone goes in the
+    // engine's prefill chunks): bounds how long a running stream waits between two tokens
+    int64_t prefill_budget = 2048;
     // > 0: every state gets this capacity (the CUDA backend batches only sequences of equal capacity; the CPU
     // backend grows its KV cache on demand, so there it costs nothing); 0: each gets prompt + max_tokens.
     int64_t seq_capacity = 0;
@@ -133,9 +138,13 @@ class scheduler {
     struct sequence;
     void loop();
     void admit(std::vector<sequence*>& fresh);
-    void prefill_chunk(sequence& s);
-    void prefill_step();
-    void decode();
+    struct chunk_plan {
+        sequence* seq = nullptr;
+        int64_t n = 0;      // prompt tokens in this piece
+        bool last = false;  // the prompt's last piece: the step picks its first token
+    };
+    std::vector<chunk_plan> next_chunks(bool others_decoding);
+    void step();
     // The next token of s from its logits row (host; nullptr: the device's argmax is the token): log-probs,
     // penalties, constraint mask, sampler. Touches only s (its sampler and constraint) and `scratch`, so the
     // rows of a batch are chosen in parallel; emit() then delivers in batch order.
@@ -149,8 +158,10 @@ class scheduler {
 
     struct step_in_flight {
         uint64_t ticket = 0;
-        std::vector<sequence*> rows;
-        bool sync = false;  // some row is chosen on the host or may turn so: the step was not queued ahead
+        std::vector<sequence*> rows;     // decode rows: logits rows [0, rows)
+        std::vector<chunk_plan> chunks;  // prompt pieces: logits rows [rows, rows + chunks)
+        bool sync = false;  // prompt pieces, or a row chosen on the host or that may turn so: not queued ahead
+        sched_clock::time_point launched;
     };
     std::vector<sequence*> decodable() const;
     void drain();
@@ -170,7 +181,6 @@ class scheduler {
 
     // engine thread only
     std::vector<std::unique_ptr<sequence>> active_;
-    buffer ids_;                    // int32 [max(max_batch, longest prompt), 1]: a prompt chunk's ids
     std::unique_ptr<decode_step> step_;
     std::vector<int> free_slots_;
     std::optional<step_in_flight> pending_;

@@ -391,6 +391,20 @@ TEST(scheduler, cuda_lone_request_equals_generate_and_batches_run) {
                                             "Explain recursion briefly."};
     std::vector<std::vector<int32_t>> refs;
     for (const std::string& u : users) refs.push_back(reference(prompt_of(u), 40));
+    // the sampled reference below is computed before the scheduler exists: the backend has one owner at a time
+    sampling_params sp;
+    sp.temperature = 0.7f, sp.top_k = 20, sp.top_p = 0.8f, sp.seed = 99;
+    generation_request g;
+    g.prompt = prompt_of(users[1]);
+    g.max_tokens = 40;
+    g.sampling = sp;
+    auto gst = te->eng().new_sequence(512);
+    std::vector<int32_t> drawn;
+    te->eng().generate(*gst, g, [&](int32_t id) {
+        drawn.push_back(id);
+        return true;
+    });
+    ASSERT_EQ(drawn.size(), 40u);
     scheduler_options so;
     so.seq_capacity = 512;  // the CUDA backend batches sequences of one capacity only
     scheduler s(te->eng(), so);
@@ -425,19 +439,6 @@ TEST(scheduler, cuda_lone_request_equals_generate_and_batches_run) {
 
     // A sampled request drawn on the device (Qwen's non-thinking defaults, seeded) gives engine::generate's
     // tokens, the same ones twice, and a stop id ends it where the id is.
-    sampling_params sp;
-    sp.temperature = 0.7f, sp.top_k = 20, sp.top_p = 0.8f, sp.seed = 99;
-    generation_request g;
-    g.prompt = prompt_of(users[1]);
-    g.max_tokens = 40;
-    g.sampling = sp;
-    auto gst = te->eng().new_sequence(512);
-    std::vector<int32_t> drawn;
-    te->eng().generate(*gst, g, [&](int32_t id) {
-        drawn.push_back(id);
-        return true;
-    });
-    ASSERT_EQ(drawn.size(), 40u);
     for (int rep = 0; rep < 2; rep++) {
         auto sink = std::make_shared<collect_sink>();
         sequence_request q;

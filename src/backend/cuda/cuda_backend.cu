@@ -27,6 +27,8 @@ namespace {
 
 using namespace cuda;
 
+static_assert(k_device_max_top_k == k_sample_max_top_k, "the scheduler's device-draw rule must match the CUDA sampler");
+
 float* f32(const tensor& t) {
     TANSY_CHECK(t.type == dtype::f32, "cuda backend expects f32 activations, got %s", dtype_name(t.type));
     return (float*)t.data;
@@ -55,7 +57,9 @@ class cuda_state final : public seq_state {
     }
     size_t bytes() const override { return mem_.size(); }
     void reset() override {
+        // the legacy stream's memset is not ordered with the backend's non-blocking stream: wait for it here
         CUDA_CHECK(cudaMemset(mem_.get(), 0, mem_.size()));
+        CUDA_CHECK(cudaStreamSynchronize(0));
         n_past_ = 0;
     }
     const dshape& shape() const { return sh_; }
@@ -117,6 +121,7 @@ class cuda_backend final : public backend {
         rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
         tap_ = device_buffer((size_t)(cfg.n_experts + 1) * k_tap_stride * 8);
         CUDA_CHECK(cudaMemset(tap_.get(), 0, tap_.size()));
+        CUDA_CHECK(cudaStreamSynchronize(0));
         inv_freq_ = device_buffer(inv.size() * sizeof(double));
         inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
     }
@@ -140,7 +145,7 @@ class cuda_backend final : public backend {
 
     buffer alloc(int64_t rows, int64_t cols, dtype t) override {
         auto mem = std::make_shared<device_buffer>((size_t)std::max<int64_t>(rows * cols, 1) * dtype_size(t));
-        CUDA_CHECK(cudaMemset(mem->get(), 0, mem->size()));
+        CUDA_CHECK(cudaMemsetAsync(mem->get(), 0, mem->size(), stream_));
         return buffer(tensor{mem->get(), t, rows, cols}, mem);
     }
     void upload(const tensor& dst, const void* src) override {
@@ -162,7 +167,8 @@ class cuda_backend final : public backend {
     void pretend_context(seq_state& st, int64_t n) override {
         TANSY_CHECK(n <= st.capacity(), "pretend_context %lld > capacity", (long long)n);
         const int32_t meta[2] = {(int32_t)n, 0};
-        CUDA_CHECK(cudaMemcpy(static_cast<cuda_state&>(st).dev().meta, meta, sizeof meta, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpyAsync(static_cast<cuda_state&>(st).dev().meta, meta, sizeof meta, cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
         st.set_n_past(n);
     }
 
@@ -185,7 +191,8 @@ class cuda_backend final : public backend {
         if (r != gather_cache_) {
             TANSY_CHECK(!capturing_, "gather_rows: row list changed during graph capture");
             int32_t* d = gather_rows_dev_.ensure(r.size());
-            CUDA_CHECK(cudaMemcpy(d, r.data(), r.size() * 4, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpyAsync(d, r.data(), r.size() * 4, cudaMemcpyHostToDevice, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
             gather_cache_ = r;
             if (gather_in_graph_) epoch_++, gather_in_graph_ = false;  // a captured graph reads the old list
         }
@@ -477,6 +484,14 @@ class cuda_backend final : public backend {
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         capturing_ = true;
     }
+    void capture_abort() override {
+        if (!capturing_) return;
+        cudaGraph_t g = nullptr;
+        cudaStreamEndCapture(stream_, &g);  // the capture failed: its error is the one being reported
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        capturing_ = false;
+    }
     void capture_end(uint64_t key) override {
         TANSY_CHECK(capturing_, "capture_end without capture_begin");
         cudaGraph_t g;
@@ -633,9 +648,15 @@ class cuda_backend final : public backend {
         if (same) return;
         TANSY_CHECK(!capturing_, "the batch structure changed during graph capture");
         CUDA_CHECK(cudaStreamSynchronize(stream_));
-        CUDA_CHECK(cudaMemcpy(rows_dev_.ensure(rows.size() + 1), rows.data(), rows.size() * sizeof(drow), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(spans_dev_.ensure(sp.size() + 1), sp.data(), sp.size() * sizeof(dspan), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(seqs_dev_.ensure(sq.size() + 1), sq.data(), sq.size() * sizeof(dseq), cudaMemcpyHostToDevice));
+        // on the stream, so that the step after reads them; room for k_min_batch_tables entries from the start, so
+        // that a batch growing to that size does not move the tables (and every captured graph with them)
+        auto put = [&](void* dst, const void* src, size_t bytes) {
+            CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+        };
+        put(rows_dev_.ensure(std::max(rows.size() + 1, k_min_batch_tables)), rows.data(), rows.size() * sizeof(drow));
+        put(spans_dev_.ensure(std::max(sp.size() + 1, k_min_batch_tables)), sp.data(), sp.size() * sizeof(dspan));
+        put(seqs_dev_.ensure(std::max(sq.size() + 1, k_min_batch_tables)), sq.data(), sq.size() * sizeof(dseq));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vectors are freed on return
         rows_cache_ = rows, spans_cache_ = sp, seqs_cache_ = sq;
         batch_shape_ = sh_;
         batch_shape_.capacity = cap;
@@ -646,6 +667,7 @@ class cuda_backend final : public backend {
     // decode kernels (dense rows in groups of 8 on tensor cores, experts per token). At 16 rows the decode
     // kernels measured 1,034 tok/s against the GEMMs' 897 (H200, docs/PERF.md session 5).
     static constexpr int k_gemm_min_rows = 17;
+    static constexpr size_t k_min_batch_tables = 512;
     // SwiGLU outputs (the down projections' inputs) are where large activations live: scaled by 2^-4 before the
     // fp16 conversion they fit up to ~1e6; values below 2^-10 lose relative precision, which their products
     // barely feel.
