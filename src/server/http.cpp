@@ -11,8 +11,8 @@
 //   1. accept: over max_connections (or per address) -> canned 503 + Retry-After, close
 //   2. read the header block (deadline: header_timeout_s from accept, or from the first byte of a keep-alive
 //      request; idle_timeout_s between requests) and parse it (bounded: sizes, counts, strict syntax)
-//   3. answer by itself what needs no handler (400/404/405/408/411/413/414/431/505, OPTIONS) and close, or
-//   4. read the Content-Length body (deadline: body_timeout_s), then hand the request to a worker thread
+//   3. answer by itself what needs no handler (400/404/405/408/413/414/417/431/501/505, OPTIONS) and close, or
+//   4. read the body, Content-Length or chunked (deadline: body_timeout_s), then hand the request to a worker
 //   5. worker: handler, then the response written with blocking sends (poll, write_timeout_s per stall)
 //   6. back on the I/O thread: next request on the same connection (keep-alive), or a lingering close
 #include "server/http.h"
@@ -60,7 +60,8 @@ using tcp = asio::ip::tcp;
 using clock_type = std::chrono::steady_clock;
 
 constexpr double LINGER_S = 2;            // reading (and discarding) after a close, so the reply is not reset
-constexpr size_t LINGER_MAX_BYTES = 1u << 20;
+constexpr size_t LINGER_MAX_BYTES = 64u << 20;
+constexpr size_t MAX_CHUNK_LINE = 1024;   // a chunk-size line with its extensions
 constexpr int MAX_PENDING_REJECTS = 256;  // 503s being written at once; beyond that a refused client is just closed
 constexpr size_t MAX_TARGET_BYTES = 8192;
 
@@ -136,6 +137,7 @@ struct request_head {
     int minor = 1;  // HTTP/1.minor
     std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
     size_t content_length = 0;
+    bool chunked = false;  // Transfer-Encoding: chunked body (decoded as it arrives, counted against the limit)
     bool keep_alive = true, expect_continue = false;
     int status = 0;  // != 0: the error to answer
     std::string error;
@@ -245,10 +247,9 @@ request_head parse_head(std::string_view block, const http_options& o) {
             has_length = true;
             h.content_length = n;
         } else if (lname == "transfer-encoding") {
-            bool chunked = false;
-            for_each_token(value, [&](std::string_view t) { chunked |= iequals(t, "chunked"); });
-            h.fail(chunked ? 411 : 501, chunked ? "chunked request bodies are not supported: send Content-Length"
-                                                : "unsupported Transfer-Encoding");
+            // only a plain "chunked" is understood; other codings, or a repeated header, are refused
+            if (!iequals(value, "chunked") || h.chunked) h.fail(501, "unsupported Transfer-Encoding: " + std::string(value));
+            h.chunked = true;
         } else if (lname == "connection") {
             for_each_token(value, [&](std::string_view t) {
                 if (iequals(t, "close")) h.keep_alive = false;
@@ -266,6 +267,9 @@ request_head parse_head(std::string_view block, const http_options& o) {
     }
     if (h.status) return h;
     if (h.minor >= 1 && !has_host) h.fail(400, "HTTP/1.1 request without Host");
+    // both framings at once is how requests are smuggled past proxies (RFC 9112 6.3)
+    if (h.chunked && has_length) h.fail(400, "both Transfer-Encoding and Content-Length");
+    if (h.chunked && h.minor == 0) h.fail(400, "Transfer-Encoding in an HTTP/1.0 request");
     // note: an HTTP/1.0 connection is closed after one response, keep-alive or not (simpler, and rare today)
     if (h.minor == 0) h.keep_alive = false;
     if (h.content_length > o.max_body_bytes)
@@ -456,6 +460,9 @@ class http_server::impl {
         int served = 0;
         request_head head;
         size_t head_bytes = 0;
+        std::string body;          // a chunked body, decoded so far
+        int chunk_state = 0;       // 0 size line, 1 data, 2 CRLF after data, 3 trailers
+        size_t chunk_left = 0;
         std::shared_ptr<fd_guard> guard = std::make_shared<fd_guard>();
         clock_type::time_point deadline;
         size_t lingered = 0;
@@ -531,7 +538,9 @@ class http_server::impl {
                 if (!route_or_answer()) return;
                 ph = phase::body;
                 set_deadline(srv.opt_.body_timeout_s);
-                if (head.expect_continue && buf.size() < head_bytes + head.content_length) {
+                buf.erase(0, head_bytes);  // from here buf holds the body (and what follows it)
+                head_bytes = 0;
+                if (head.expect_continue && (head.chunked ? buf.empty() : buf.size() < head.content_length)) {
                     // the client waits for this before sending its body (curl does for bodies over 1 KiB)
                     static const std::string cont = "HTTP/1.1 100 Continue\r\n\r\n";
                     asio::async_write(sock, asio::buffer(cont), [self = shared_from_this()](const asio::error_code& ec, size_t) {
@@ -542,9 +551,62 @@ class http_server::impl {
                 }
             }
             if (ph == phase::body) {
-                if (buf.size() < head_bytes + head.content_length) return read_more();
+                if (head.chunked) {
+                    const int r = decode_chunks();
+                    if (r < 0) return;  // answered
+                    if (r == 0) return read_more();
+                } else if (buf.size() < head.content_length) {
+                    return read_more();
+                }
                 clear_deadline();
                 dispatch();
+            }
+        }
+
+        // Decodes the chunks in buf into body (RFC 9112 7.1): 1 when the body is complete, 0 for more input,
+        // -1 when it was answered with an error.
+        int decode_chunks() {
+            for (;;) {
+                if (chunk_state == 1) {  // data
+                    const size_t take = std::min(chunk_left, buf.size());
+                    body.append(buf, 0, take);
+                    buf.erase(0, take);
+                    chunk_left -= take;
+                    if (chunk_left > 0) return 0;
+                    chunk_state = 2;
+                    continue;
+                }
+                const size_t eol = buf.find("\r\n");
+                if (eol == std::string::npos) {
+                    const size_t cap = chunk_state == 3 ? srv.opt_.max_header_bytes : MAX_CHUNK_LINE;
+                    if (buf.size() > cap) return reply_and_close(400, "malformed chunked body"), -1;
+                    return 0;
+                }
+                if (chunk_state == 2) {  // the CRLF closing a chunk's data
+                    if (eol != 0) return reply_and_close(400, "malformed chunked body"), -1;
+                    buf.erase(0, 2);
+                    chunk_state = 0;
+                } else if (chunk_state == 3) {  // trailer lines, ignored, up to the empty line
+                    buf.erase(0, eol + 2);
+                    if (eol == 0) return 1;
+                } else {  // chunk-size [; extensions]
+                    const std::string_view line = std::string_view(buf).substr(0, eol);
+                    const size_t digits = std::min(line.find_first_of("; \t"), line.size());
+                    if (digits == 0 || digits > 16) return reply_and_close(400, "malformed chunk size"), -1;
+                    size_t n = 0;
+                    for (size_t i = 0; i < digits; i++) {
+                        const char c = ascii_lower(line[i]);
+                        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+                            return reply_and_close(400, "malformed chunk size"), -1;
+                        n = n * 16 + (size_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+                    }
+                    buf.erase(0, eol + 2);
+                    if (n > srv.opt_.max_body_bytes - std::min(body.size(), srv.opt_.max_body_bytes))
+                        return reply_and_close(413, "request body too large (limit " +
+                                                        std::to_string(srv.opt_.max_body_bytes) + " bytes)"), -1;
+                    chunk_left = n;
+                    chunk_state = n == 0 ? 3 : 1;
+                }
             }
         }
 
@@ -586,7 +648,7 @@ class http_server::impl {
 
         // A reply the I/O thread writes itself; the connection stays open only when the request had no body.
         void reply_simple(int status, const std::string& body, std::vector<std::pair<std::string, std::string>> hs) {
-            const bool keep = head.keep_alive && head.content_length == 0 && !srv.stopping_ &&
+            const bool keep = head.keep_alive && head.content_length == 0 && !head.chunked && !srv.stopping_ &&
                               ++served < srv.opt_.keepalive_max;
             if (keep) buf.erase(0, head_bytes);
             write_then(response_head(status, body.empty() ? "" : "application/json", (int64_t)body.size(), keep, hs) + body,
@@ -620,8 +682,12 @@ class http_server::impl {
             auto r = std::make_shared<http_request>();
             r->method = head.method;
             r->path = head.path;
-            r->body = buf.substr(head_bytes, head.content_length);
-            buf.erase(0, head_bytes + head.content_length);
+            if (head.chunked) {
+                r->body = std::move(body);
+            } else {
+                r->body = buf.substr(0, head.content_length);
+                buf.erase(0, head.content_length);
+            }
             r->headers = std::move(head.headers);
             r->remote_addr = addr;
             r->remote_port = port;
@@ -644,6 +710,9 @@ class http_server::impl {
             request_started = false;
             head = request_head{};
             head_bytes = 0;
+            body.clear();
+            chunk_state = 0;
+            chunk_left = 0;
             set_deadline(srv.opt_.idle_timeout_s);
             process();
         }

@@ -9,8 +9,8 @@
 // closing the connection instead). write() returns false once the client is gone.
 //
 // What the server answers by itself: 400 (malformed request line or headers, bad Content-Length), 404, 405
-// with Allow, 408 (header or body deadline passed), 411 (chunked request body), 413 (Content-Length over
-// max_body_bytes, answered before any body is read), 414, 431 (header block too large or too many headers),
+// with Allow, 408 (header or body deadline passed), 413 (Content-Length over max_body_bytes, answered before
+// any body is read; a chunked body once it grows past the limit), 501 (a Transfer-Encoding other than chunked), 414, 431 (header block too large or too many headers),
 // 503 with Retry-After (connection limits), 505, and OPTIONS (Allow; CORS preflight when cors_origins is set).
 #pragma once
 #include <cstddef>

@@ -227,9 +227,20 @@ TEST(http_hostile, bad_content_length_is_answered_without_waiting_for_a_body) {
         EXPECT_LT(seconds_since(t0), 1.0) << c.length;
         EXPECT_TRUE(ojson::parse(body_of(r), nullptr, false)["error"].is_object()) << r;
     }
-    // conflicting lengths, and a chunked request body (not supported: 411)
-    EXPECT_EQ(status_of(roundtrip(s.port(), "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab")), 400);
-    EXPECT_EQ(status_of(roundtrip(s.port(), "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n")), 411);
+    // conflicting lengths, both framings, unknown codings
+    const std::string post = "POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n";
+    EXPECT_EQ(status_of(roundtrip(s.port(), post + "Content-Length: 2\r\nContent-Length: 3\r\n\r\nab")), 400);
+    EXPECT_EQ(status_of(roundtrip(s.port(), post + "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\nab")), 400);
+    EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: gzip, chunked\r\n\r\n")), 501);
+    // chunked bodies: decoded (extensions and trailers ignored), counted against the limit as they arrive
+    std::string r = roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\n2;x=y\r\nab\r\nA\r\n0123456789\r\n0\r\nT: 1\r\n\r\n");
+    EXPECT_EQ(status_of(r), 200) << r;
+    EXPECT_EQ(body_of(r), "ab0123456789");
+    EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\n3FF\r\n" + std::string(1023, 'a') +
+                                                "\r\n2\r\nab\r\n0\r\n\r\n")), 413);
+    EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n")), 400);
+    EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n")), 400);
+    EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFFFFFFF\r\n")), 400);
 }
 
 TEST(http_hostile, http10_gets_an_unchunked_stream_ended_by_close) {
