@@ -59,7 +59,7 @@ namespace {
 using tcp = asio::ip::tcp;
 using clock_type = std::chrono::steady_clock;
 
-constexpr double LINGER_S = 2;            // reading (and discarding) after a close, so the reply is not reset
+constexpr double LINGER_S = 2;  // reading (and discarding) after a close, so the reply is not reset
 constexpr size_t LINGER_MAX_BYTES = 64u << 20;
 constexpr size_t MAX_CHUNK_LINE = 1024;   // a chunk-size line with its extensions
 constexpr int MAX_PENDING_REJECTS = 256;  // 503s being written at once; beyond that a refused client is just closed
@@ -134,7 +134,7 @@ const char* reason(int status) {
 // A parsed request head. Errors are (status, message) for the server to answer itself.
 struct request_head {
     std::string method, path;
-    int minor = 1;  // HTTP/1.minor
+    int minor = 1;                                             // HTTP/1.minor
     std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
     size_t content_length = 0;
     bool chunked = false;  // Transfer-Encoding: chunked body (decoded as it arrives, counted against the limit)
@@ -213,7 +213,7 @@ request_head parse_head(std::string_view block, const http_options& o) {
         const size_t colon = line.find(':');
         if (colon == 0 || colon == std::string_view::npos) {
             h.fail(400, line.empty() || line[0] == ' ' || line[0] == '\t' ? "folded or empty header line"
-                                                                             : "malformed header line");
+                                                                          : "malformed header line");
             return h;
         }
         const std::string_view name = line.substr(0, colon), value = trim(line.substr(colon + 1));
@@ -229,7 +229,8 @@ request_head parse_head(std::string_view block, const http_options& o) {
         std::string lname = lower(name);
         if (lname == "content-length") {
             // digits only: no sign, no list; more digits than any limit can hold is "too large", not malformed
-            if (value.empty() || !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+            if (value.empty() ||
+                !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
                 h.fail(400, "malformed Content-Length");
                 return h;
             }
@@ -248,7 +249,8 @@ request_head parse_head(std::string_view block, const http_options& o) {
             h.content_length = n;
         } else if (lname == "transfer-encoding") {
             // only a plain "chunked" is understood; other codings, or a repeated header, are refused
-            if (!iequals(value, "chunked") || h.chunked) h.fail(501, "unsupported Transfer-Encoding: " + std::string(value));
+            if (!iequals(value, "chunked") || h.chunked)
+                h.fail(501, "unsupported Transfer-Encoding: " + std::string(value));
             h.chunked = true;
         } else if (lname == "connection") {
             for_each_token(value, [&](std::string_view t) {
@@ -460,8 +462,8 @@ class http_server::impl {
         int served = 0;
         request_head head;
         size_t head_bytes = 0;
-        std::string body;          // a chunked body, decoded so far
-        int chunk_state = 0;       // 0 size line, 1 data, 2 CRLF after data, 3 trailers
+        std::string body;     // a chunked body, decoded so far
+        int chunk_state = 0;  // 0 size line, 1 data, 2 CRLF after data, 3 trailers
         size_t chunk_left = 0;
         std::shared_ptr<fd_guard> guard = std::make_shared<fd_guard>();
         clock_type::time_point deadline;
@@ -528,7 +530,8 @@ class http_server::impl {
                 }
                 const size_t end = buf.find("\r\n\r\n");
                 if (end == std::string::npos) {
-                    if (buf.size() > srv.opt_.max_header_bytes) return reply_and_close(431, "request headers too large");
+                    if (buf.size() > srv.opt_.max_header_bytes)
+                        return reply_and_close(431, "request headers too large");
                     return read_more();
                 }
                 if (end + 4 > srv.opt_.max_header_bytes) return reply_and_close(431, "request headers too large");
@@ -543,10 +546,11 @@ class http_server::impl {
                 if (head.expect_continue && (head.chunked ? buf.empty() : buf.size() < head.content_length)) {
                     // the client waits for this before sending its body (curl does for bodies over 1 KiB)
                     static const std::string cont = "HTTP/1.1 100 Continue\r\n\r\n";
-                    asio::async_write(sock, asio::buffer(cont), [self = shared_from_this()](const asio::error_code& ec, size_t) {
-                        if (ec) return self->close();
-                        self->process();
-                    });
+                    asio::async_write(sock, asio::buffer(cont),
+                                      [self = shared_from_this()](const asio::error_code& ec, size_t) {
+                                          if (ec) return self->close();
+                                          self->process();
+                                      });
                     return;
                 }
             }
@@ -603,7 +607,8 @@ class http_server::impl {
                     buf.erase(0, eol + 2);
                     if (n > srv.opt_.max_body_bytes - std::min(body.size(), srv.opt_.max_body_bytes))
                         return reply_and_close(413, "request body too large (limit " +
-                                                        std::to_string(srv.opt_.max_body_bytes) + " bytes)"), -1;
+                                                        std::to_string(srv.opt_.max_body_bytes) + " bytes)"),
+                               -1;
                     chunk_left = n;
                     chunk_state = n == 0 ? 3 : 1;
                 }
@@ -631,11 +636,13 @@ class http_server::impl {
             if (head.method == "OPTIONS") {
                 std::vector<std::pair<std::string, std::string>> hs{{"Allow", allow}};
                 srv.add_cors(head, hs);
-                if (hs.size() > 1 && head.find("access-control-request-method")) {  // a preflight from an allowed origin
+                if (hs.size() > 1 &&
+                    head.find("access-control-request-method")) {  // a preflight from an allowed origin
                     hs.emplace_back("Access-Control-Allow-Methods", allow);
                     const std::string* req_headers = head.find("access-control-request-headers");
-                    hs.emplace_back("Access-Control-Allow-Headers",
-                                    req_headers && !req_headers->empty() ? *req_headers : "Authorization, Content-Type");
+                    hs.emplace_back("Access-Control-Allow-Headers", req_headers && !req_headers->empty()
+                                                                        ? *req_headers
+                                                                        : "Authorization, Content-Type");
                     hs.emplace_back("Access-Control-Max-Age", "86400");
                 }
                 reply_simple(204, "", std::move(hs));
@@ -651,8 +658,9 @@ class http_server::impl {
             const bool keep = head.keep_alive && head.content_length == 0 && !head.chunked && !srv.stopping_ &&
                               ++served < srv.opt_.keepalive_max;
             if (keep) buf.erase(0, head_bytes);
-            write_then(response_head(status, body.empty() ? "" : "application/json", (int64_t)body.size(), keep, hs) + body,
-                       keep);
+            write_then(
+                response_head(status, body.empty() ? "" : "application/json", (int64_t)body.size(), keep, hs) + body,
+                keep);
         }
 
         void reply_and_close(int status, const std::string& message,
@@ -667,11 +675,12 @@ class http_server::impl {
             ph = phase::writing;
             set_deadline(srv.opt_.write_timeout_s);
             auto out = std::make_shared<std::string>(std::move(data));
-            asio::async_write(sock, asio::buffer(*out), [self = shared_from_this(), out, keep](const asio::error_code& ec, size_t) {
-                if (ec) return self->close();
-                if (keep) return self->next_request();
-                self->linger();
-            });
+            asio::async_write(sock, asio::buffer(*out),
+                              [self = shared_from_this(), out, keep](const asio::error_code& ec, size_t) {
+                                  if (ec) return self->close();
+                                  if (keep) return self->next_request();
+                                  self->linger();
+                              });
         }
 
         // Hands the complete request to a worker.
@@ -794,7 +803,8 @@ class http_server::impl {
         };
         const std::string body = error_body_(503, why + "; retry later");
         auto r = std::make_shared<rejected>(
-            std::move(s), io_, response_head(503, "application/json", (int64_t)body.size(), false, {{"Retry-After", "1"}}) + body,
+            std::move(s), io_,
+            response_head(503, "application/json", (int64_t)body.size(), false, {{"Retry-After", "1"}}) + body,
             &rejects_pending_);
         r->timer.expires_after(std::chrono::seconds(1));
         r->timer.async_wait([r](const asio::error_code& ec) {
@@ -845,7 +855,8 @@ class http_server::impl {
     }
 
     // ---- on a worker thread: the handler and its response. Returns whether the connection may be kept.
-    bool handle(http_request& r, int fd, bool keep, bool http10, const std::vector<std::pair<std::string, std::string>>& cors) {
+    bool handle(http_request& r, int fd, bool keep, bool http10,
+                const std::vector<std::pair<std::string, std::string>>& cors) {
         const auto h = routes_.find(route_key{r.method, r.path});
         http_response out;
         try {
@@ -865,7 +876,8 @@ class http_server::impl {
         hs.insert(hs.end(), cors.begin(), cors.end());
         const int timeout_ms = (int)(opt_.write_timeout_s * 1000);
         if (!out.stream) {
-            const std::string data = response_head(out.status, out.content_type, (int64_t)out.body.size(), keep, hs) + out.body;
+            const std::string data =
+                response_head(out.status, out.content_type, (int64_t)out.body.size(), keep, hs) + out.body;
             return send_all(fd, data, timeout_ms) && keep;
         }
         // note: an HTTP/1.0 client cannot read chunks: its stream is the raw body, ended by closing

@@ -70,7 +70,9 @@ class http_client::impl {
                 pollfd p{s, POLLOUT, 0};
                 int err = 0;
                 socklen_t len = sizeof err;
-                r = poll(&p, 1, timeout_ms) == 1 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0 ? 0 : -1;
+                r = poll(&p, 1, timeout_ms) == 1 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0
+                        ? 0
+                        : -1;
                 if (r != 0) errno = err ? err : ETIMEDOUT;
             }
             if (r == 0) {
@@ -147,7 +149,8 @@ class http_client::impl {
         size_t pos = head.find("\r\n");
         while (pos != std::string::npos) {
             const size_t next = head.find("\r\n", pos + 2);
-            const std::string_view line = std::string_view(head).substr(pos + 2, next == std::string::npos ? std::string::npos : next - pos - 2);
+            const std::string_view line =
+                std::string_view(head).substr(pos + 2, next == std::string::npos ? std::string::npos : next - pos - 2);
             if (starts_with_ci(line, "content-length:")) length = std::atoll(std::string(line.substr(15)).c_str());
             if (starts_with_ci(line, "transfer-encoding:") && contains_ci(line, "chunked")) chunked = true;
             if (starts_with_ci(line, "connection:") && contains_ci(line, "close")) close_after = true;
@@ -246,10 +249,13 @@ int http_client::post(const std::string& path, const std::string& json_body, con
 
 int http_client::get(const std::string& path, std::string* body, std::string* error) {
     if (body) body->clear();
-    return impl_->request("GET", path, nullptr, [body](std::string_view p) {
-        if (body) body->append(p);
-        return true;
-    }, error);
+    return impl_->request(
+        "GET", path, nullptr,
+        [body](std::string_view p) {
+            if (body) body->append(p);
+            return true;
+        },
+        error);
 }
 
 }  // namespace tansy

@@ -83,7 +83,9 @@ std::string roundtrip(int port, const std::string& request) {
     return r;
 }
 
-int status_of(const std::string& r) { return r.size() > 12 && r.compare(0, 5, "HTTP/") == 0 ? std::atoi(r.c_str() + 9) : 0; }
+int status_of(const std::string& r) {
+    return r.size() > 12 && r.compare(0, 5, "HTTP/") == 0 ? std::atoi(r.c_str() + 9) : 0;
+}
 bool has(const std::string& r, const std::string& piece) { return r.find(piece) != std::string::npos; }
 std::string body_of(const std::string& r) {
     const size_t p = r.find("\r\n\r\n");
@@ -152,7 +154,9 @@ TEST(http_hostile, burst_of_64_connections_all_answered) {
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
         timeval tv{RECV_TIMEOUT_MS / 1000, 0};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        if (send_str(fd, "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") && status_of(read_response(fd)) == 200) ok++;
+        if (send_str(fd, "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") &&
+            status_of(read_response(fd)) == 200)
+            ok++;
         close(fd);
     }
     EXPECT_EQ(ok, N);
@@ -195,7 +199,8 @@ TEST(http_hostile, header_and_body_deadlines_are_totals_not_per_read) {
     o.header_timeout_s = 0.8;
     o.body_timeout_s = 0.8;
     test_server s(o);
-    for (const std::string start : {"GET /hello HTTP/1.1\r\nX-", "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"}) {
+    for (const std::string start :
+         {"GET /hello HTTP/1.1\r\nX-", "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"}) {
         const int fd = connect_to(s.port());
         ASSERT_GE(fd, 0);
         send_str(fd, start);
@@ -218,11 +223,12 @@ TEST(http_hostile, bad_content_length_is_answered_without_waiting_for_a_body) {
     const struct {
         const char* length;
         int status;
-    } cases[] = {{"99999999999999999999999", 413}, {"5000", 413}, {"-5", 400}, {"12abc", 400}, {"", 400}, {"1, 2", 400}};
+    } cases[] = {
+        {"99999999999999999999999", 413}, {"5000", 413}, {"-5", 400}, {"12abc", 400}, {"", 400}, {"1, 2", 400}};
     for (const auto& c : cases) {
         const auto t0 = steady::now();
-        const std::string r = roundtrip(s.port(), std::string("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: ") + c.length +
-                                                      "\r\n\r\n");  // no body follows
+        const std::string r = roundtrip(s.port(), std::string("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: ") +
+                                                      c.length + "\r\n\r\n");  // no body follows
         EXPECT_EQ(status_of(r), c.status) << c.length << ": " << r;
         EXPECT_LT(seconds_since(t0), 1.0) << c.length;
         EXPECT_TRUE(ojson::parse(body_of(r), nullptr, false)["error"].is_object()) << r;
@@ -233,11 +239,13 @@ TEST(http_hostile, bad_content_length_is_answered_without_waiting_for_a_body) {
     EXPECT_EQ(status_of(roundtrip(s.port(), post + "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\nab")), 400);
     EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: gzip, chunked\r\n\r\n")), 501);
     // chunked bodies: decoded (extensions and trailers ignored), counted against the limit as they arrive
-    std::string r = roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\n2;x=y\r\nab\r\nA\r\n0123456789\r\n0\r\nT: 1\r\n\r\n");
+    std::string r = roundtrip(
+        s.port(), post + "Transfer-Encoding: chunked\r\n\r\n2;x=y\r\nab\r\nA\r\n0123456789\r\n0\r\nT: 1\r\n\r\n");
     EXPECT_EQ(status_of(r), 200) << r;
     EXPECT_EQ(body_of(r), "ab0123456789");
-    EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\n3FF\r\n" + std::string(1023, 'a') +
-                                                "\r\n2\r\nab\r\n0\r\n\r\n")), 413);
+    EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\n3FF\r\n" +
+                                                std::string(1023, 'a') + "\r\n2\r\nab\r\n0\r\n\r\n")),
+              413);
     EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n")), 400);
     EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n")), 400);
     EXPECT_EQ(status_of(roundtrip(s.port(), post + "Transfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFFFFFFF\r\n")), 400);
@@ -282,31 +290,36 @@ TEST(http_hostile, cors_headers_and_preflight) {
     http_options o = opts();
     o.cors_origins = {"http://app.example"};
     test_server s(o);
-    std::string r = roundtrip(s.port(), "GET /hello HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\n"
-                                        "Connection: close\r\n\r\n");
+    std::string r = roundtrip(s.port(),
+                              "GET /hello HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\n"
+                              "Connection: close\r\n\r\n");
     EXPECT_EQ(status_of(r), 200);
     EXPECT_TRUE(has(r, "Access-Control-Allow-Origin: http://app.example\r\n")) << r;
     EXPECT_TRUE(has(r, "Vary: Origin\r\n")) << r;
-    r = roundtrip(s.port(), "GET /hello HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example\r\nConnection: close\r\n\r\n");
+    r = roundtrip(s.port(),
+                  "GET /hello HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example\r\nConnection: close\r\n\r\n");
     EXPECT_EQ(status_of(r), 200);
     EXPECT_FALSE(has(r, "Access-Control-Allow-Origin")) << r;
-    r = roundtrip(s.port(), "OPTIONS /echo HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\n"
-                            "Access-Control-Request-Method: POST\r\n"
-                            "Access-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n\r\n");
+    r = roundtrip(s.port(),
+                  "OPTIONS /echo HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\n"
+                  "Access-Control-Request-Method: POST\r\n"
+                  "Access-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n\r\n");
     EXPECT_EQ(status_of(r), 204) << r;
     EXPECT_TRUE(has(r, "Access-Control-Allow-Origin: http://app.example\r\n")) << r;
     EXPECT_TRUE(has(r, "Access-Control-Allow-Methods: POST, OPTIONS\r\n")) << r;
     EXPECT_TRUE(has(r, "Access-Control-Allow-Headers: authorization, content-type\r\n")) << r;
     // errors carry the headers too, so a browser can read them
-    r = roundtrip(s.port(), "POST /echo HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\nContent-Length: 99999\r\n\r\n");
+    r = roundtrip(s.port(),
+                  "POST /echo HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\nContent-Length: 99999\r\n\r\n");
     EXPECT_EQ(status_of(r), 413);
     EXPECT_TRUE(has(r, "Access-Control-Allow-Origin: http://app.example\r\n")) << r;
 
     http_options any = opts();
     any.cors_origins = {"*"};
     test_server s2(any);
-    r = roundtrip(s2.port(), "POST /echo HTTP/1.1\r\nHost: x\r\nOrigin: http://x.example\r\nContent-Length: 2\r\n"
-                             "Connection: close\r\n\r\nok");
+    r = roundtrip(s2.port(),
+                  "POST /echo HTTP/1.1\r\nHost: x\r\nOrigin: http://x.example\r\nContent-Length: 2\r\n"
+                  "Connection: close\r\n\r\nok");
     EXPECT_EQ(body_of(r), "ok");
     EXPECT_TRUE(has(r, "Access-Control-Allow-Origin: *\r\n")) << r;
 }
@@ -332,7 +345,7 @@ TEST(http_hostile, malformed_requests_get_400_family) {
         {"GET /hello HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n", 400},
         {std::string("GET /hello HTTP/1.1\r\nHost: x\r\nX: a\x01z\r\n\r\n"), 400},
         {std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 15), 400},  // TLS hello-ish bytes
-        {"GET /" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", 431},  // over max_header_bytes
+        {"GET /" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", 431},        // over max_header_bytes
         {"GET /hello HTTP/1.1\r\nHost: x\r\nExpect: 999-nope\r\n\r\n", 417},
     };
     for (const auto& c : cases) {
@@ -387,7 +400,8 @@ TEST(http_hostile, keep_alive_pipelining_and_expect_continue) {
     const int fd = connect_to(s.port());
     ASSERT_GE(fd, 0);
     // two pipelined requests in one send, then a third on the same connection
-    send_str(fd, "GET /hello HTTP/1.1\r\nHost: x\r\n\r\nPOST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
+    send_str(fd,
+             "GET /hello HTTP/1.1\r\nHost: x\r\n\r\nPOST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
     std::string both;
     char buf[4096];
     for (int i = 0; i < 20 && !has(both, "\r\n\r\nabc"); i++) {
@@ -415,7 +429,10 @@ TEST(http_hostile, client_reads_chunked_and_close_delimited_streams) {
     EXPECT_EQ(c.get("/stream", &body, &err), 200) << err;
     EXPECT_EQ(body, "data: 0\n\ndata: 1\n\ndata: 2\n\n");
     std::string echoed;
-    EXPECT_EQ(c.post("/echo", "{\"a\": 1}", [&](std::string_view p) { return echoed.append(p), true; }, &err), 200) << err;
+    EXPECT_EQ(c.post(
+                  "/echo", "{\"a\": 1}", [&](std::string_view p) { return echoed.append(p), true; }, &err),
+              200)
+        << err;
     EXPECT_EQ(echoed, "{\"a\": 1}");
     EXPECT_EQ(c.get("/nowhere", &body, &err), 404);
     EXPECT_EQ(c.get("/hello", &body, &err), 200) << "the same connection after a 404";
