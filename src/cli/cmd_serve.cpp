@@ -84,7 +84,14 @@ int cmd_serve(int argc, char** argv) {
         .option("--prefill-budget", "N", "prompt tokens a step carries beside the running sequences' decode rows (default\n"
                                            "                            2048): bounds their wait between two tokens")
         .option("--max-body", "MIB", "largest request body accepted (default 8; larger gets 413)")
-        .option("--http-threads", "N", "concurrent connections (default max(64, 2 x (max-batch + max-queue)))")
+        .option("--http-threads", "N", "requests handled at once; more wait their turn (default max(64, 2 x (max-batch +\n"
+                                       "                            max-queue)); idle or slow connections use no thread)")
+        .option("--max-connections", "N", "open connections in total; more get 503 + Retry-After (default 4096)")
+        .option("--max-connections-per-ip", "N", "open connections per client address (default 1024)")
+        .option("--header-timeout", "S", "seconds for a client to send its whole request headers (default 10; then 408)")
+        .option("--body-timeout", "S", "seconds for a client to send its whole request body (default 60; then 408)")
+        .option("--cors-origin", "ORIGIN", "allow browser calls from ORIGIN (repeatable; * allows any): CORS headers and\n"
+                                           "                            OPTIONS preflights", "", true)
         .option("--shutdown-timeout", "S", "seconds running requests get to finish on shutdown (default 10)")
         .option("--quiet", "", "no progress bar and no per-request log lines", "-q");
     if (!p.parse(argc, argv)) return 0;
@@ -116,6 +123,17 @@ int cmd_serve(int argc, char** argv) {
     o.http.max_body_bytes = (size_t)body << 20;
     o.http.threads = (int)p.integer("--http-threads", std::max(64, 2 * (o.sched.max_batch + o.sched.max_queue)));
     if (o.http.threads < 2) fail("serve: --http-threads must be >= 2");
+    o.http.max_connections = (int)p.integer("--max-connections", o.http.max_connections);
+    if (o.http.max_connections < 1) fail("serve: --max-connections must be >= 1");
+    o.http.max_connections_per_addr = (int)p.integer("--max-connections-per-ip", o.http.max_connections_per_addr);
+    if (o.http.max_connections_per_addr < 1) fail("serve: --max-connections-per-ip must be >= 1");
+    o.http.header_timeout_s = p.number("--header-timeout", o.http.header_timeout_s);
+    if (!(o.http.header_timeout_s > 0)) fail("serve: --header-timeout must be > 0");
+    o.http.body_timeout_s = p.number("--body-timeout", o.http.body_timeout_s);
+    if (!(o.http.body_timeout_s > 0)) fail("serve: --body-timeout must be > 0");
+    o.http.cors_origins = p.all("--cors-origin");
+    for (const std::string& origin : o.http.cors_origins)
+        if (origin.empty()) fail("serve: --cors-origin needs an origin (e.g. http://localhost:3000) or *");
     const double grace = p.number("--shutdown-timeout", 10.0);
     if (!(grace >= 0)) fail("serve: --shutdown-timeout must be >= 0");
     o.shutdown_grace_ms = (int)(grace * 1000);

@@ -1,21 +1,46 @@
-// http_server over cpp-httplib (the Debian build, 0.11); with http_client.cpp, the only files that include
-// httplib.h.
+// http_server over standalone Asio (Debian's libasio-dev, header-only); the only file that includes asio.hpp.
+//
+// Why not cpp-httplib (what this replaced; measured on its Debian build 0.11, 64 pool threads): its listen
+// backlog is 5 (compiled into the shared library), so a burst of 64 connections waits for SYN retransmits;
+// it spends one pool thread per connection with per-recv timeouts only, so 100 clients sending a header byte
+// a second block every other client (a normal request timed out after 10 s); and a huge or negative
+// Content-Length was answered only after 35 s. Here one I/O thread owns every connection until its request
+// is complete (deadlines for the whole header block and the whole body), and only handlers use threads.
+//
+// Life of a connection (all on the I/O thread unless said otherwise):
+//   1. accept: over max_connections (or per address) -> canned 503 + Retry-After, close
+//   2. read the header block (deadline: header_timeout_s from accept, or from the first byte of a keep-alive
+//      request; idle_timeout_s between requests) and parse it (bounded: sizes, counts, strict syntax)
+//   3. answer by itself what needs no handler (400/404/405/408/413/414/417/431/501/505, OPTIONS) and close, or
+//   4. read the body, Content-Length or chunked (deadline: body_timeout_s), then hand the request to a worker
+//   5. worker: handler, then the response written with blocking sends (poll, write_timeout_s per stall)
+//   6. back on the I/O thread: next request on the same connection (keep-alive), or a lingering close
 #include "server/http.h"
 
-#include <dirent.h>
-#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
-#include <cctype>
-#include <cstdlib>
-#include <exception>
-#include <map>
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
-#include <httplib.h>
+#define ASIO_STANDALONE
+#define ASIO_NO_DEPRECATED
+#include <asio.hpp>
 
 #include "core/check.h"
 
@@ -31,45 +56,232 @@ std::string http_request::header(std::string_view lower_name) const {
 
 namespace {
 
-std::string lower(std::string s) {
-    for (char& c : s) c = (char)std::tolower((unsigned char)c);
+using tcp = asio::ip::tcp;
+using clock_type = std::chrono::steady_clock;
+
+constexpr double LINGER_S = 2;  // reading (and discarding) after a close, so the reply is not reset
+constexpr size_t LINGER_MAX_BYTES = 64u << 20;
+constexpr size_t MAX_CHUNK_LINE = 1024;   // a chunk-size line with its extensions
+constexpr int MAX_PENDING_REJECTS = 256;  // 503s being written at once; beyond that a refused client is just closed
+constexpr size_t MAX_TARGET_BYTES = 8192;
+
+char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c; }
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = ascii_lower(c);
+    return out;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); i++)
+        if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
+    return true;
+}
+
+std::string_view trim(std::string_view s) {
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
     return s;
 }
 
-std::string numeric_host(const sockaddr_storage& a, socklen_t len, int* port) {
-    char host[NI_MAXHOST], serv[NI_MAXSERV];
-    if (getnameinfo((const sockaddr*)&a, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV))
-        return "";
-    *port = std::atoi(serv);
-    return host;
+// RFC 9110 tchar: what a method or header name may contain
+bool is_tchar(char c) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+    return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
 }
 
-// The socket of the connection a request came on. httplib 0.11 does not expose it, so it is found among the
-// process's descriptors by its two endpoints (unique while the handler runs: the connection stays open).
-int find_connection_fd(const std::string& peer_addr, int peer_port, int local_port) {
-    DIR* d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    int found = -1;
-    while (dirent* e = readdir(d)) {
-        if (!std::isdigit((unsigned char)e->d_name[0])) continue;
-        const int fd = std::atoi(e->d_name);
-        sockaddr_storage peer{}, local{};
-        socklen_t pl = sizeof peer, ll = sizeof local;
-        if (getpeername(fd, (sockaddr*)&peer, &pl) != 0 || getsockname(fd, (sockaddr*)&local, &ll) != 0) continue;
-        int pp = -1, lp = -1;
-        if (numeric_host(local, ll, &lp).empty() || lp != local_port) continue;
-        if (numeric_host(peer, pl, &pp) != peer_addr || pp != peer_port) continue;
-        found = fd;
-        break;
+// Calls f(token) for each comma-separated token of a header value, trimmed.
+template <class F>
+void for_each_token(std::string_view v, F f) {
+    while (!v.empty()) {
+        const size_t c = v.find(',');
+        f(trim(v.substr(0, c)));
+        if (c == std::string_view::npos) break;
+        v.remove_prefix(c + 1);
     }
-    closedir(d);
-    return found;
+}
+
+const char* reason(int status) {
+    switch (status) {
+        case 100: return "Continue";
+        case 200: return "OK";
+        case 201: return "Created";
+        case 204: return "No Content";
+        case 400: return "Bad Request";
+        case 401: return "Unauthorized";
+        case 403: return "Forbidden";
+        case 404: return "Not Found";
+        case 405: return "Method Not Allowed";
+        case 408: return "Request Timeout";
+        case 411: return "Length Required";
+        case 413: return "Content Too Large";
+        case 414: return "URI Too Long";
+        case 415: return "Unsupported Media Type";
+        case 417: return "Expectation Failed";
+        case 422: return "Unprocessable Content";
+        case 429: return "Too Many Requests";
+        case 431: return "Request Header Fields Too Large";
+        case 500: return "Internal Server Error";
+        case 501: return "Not Implemented";
+        case 503: return "Service Unavailable";
+        case 505: return "HTTP Version Not Supported";
+        default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+    }
+}
+
+// A parsed request head. Errors are (status, message) for the server to answer itself.
+struct request_head {
+    std::string method, path;
+    int minor = 1;                                             // HTTP/1.minor
+    std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
+    size_t content_length = 0;
+    bool chunked = false;  // Transfer-Encoding: chunked body (decoded as it arrives, counted against the limit)
+    bool keep_alive = true, expect_continue = false;
+    int status = 0;  // != 0: the error to answer
+    std::string error;
+
+    const std::string* find(std::string_view name) const {
+        for (const auto& [k, v] : headers)
+            if (k == name) return &v;
+        return nullptr;
+    }
+    void fail(int s, std::string m) {
+        if (!status) status = s, error = std::move(m);
+    }
+};
+
+// Parses "METHOD target HTTP/1.x\r\n(name: value\r\n)*" (the block without its final empty line).
+request_head parse_head(std::string_view block, const http_options& o) {
+    request_head h;
+    const size_t eol = block.find("\r\n");
+    std::string_view line = block.substr(0, eol);
+    std::string_view rest = eol == std::string_view::npos ? std::string_view() : block.substr(eol + 2);
+
+    // 1. request line: exactly three parts separated by single spaces
+    const size_t sp1 = line.find(' '), sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+    if (sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos) {
+        h.fail(400, "malformed request line");
+        return h;
+    }
+    const std::string_view method = line.substr(0, sp1), target = line.substr(sp1 + 1, sp2 - sp1 - 1),
+                           version = line.substr(sp2 + 1);
+    if (method.empty() || method.size() > 32 || !std::all_of(method.begin(), method.end(), is_tchar)) {
+        h.fail(400, "malformed request method");
+        return h;
+    }
+    if (version.size() != 8 || version.substr(0, 5) != "HTTP/" || version[6] != '.' || version[5] < '0' ||
+        version[5] > '9' || version[7] < '0' || version[7] > '9') {
+        h.fail(400, "malformed HTTP version");
+        return h;
+    }
+    if (version[5] != '1') {
+        h.fail(505, "only HTTP/1.0 and HTTP/1.1 are supported");
+        return h;
+    }
+    h.minor = version[7] - '0';
+    h.method = std::string(method);
+    if (target.size() > MAX_TARGET_BYTES) {
+        h.fail(414, "request target too long");
+        return h;
+    }
+    for (char c : target)
+        if ((unsigned char)c <= 0x20 || c == 0x7f) {
+            h.fail(400, "malformed request target");
+            return h;
+        }
+    if (target == "*" && method == "OPTIONS") {
+        h.path = "*";
+    } else if (target.empty() || target[0] != '/') {
+        h.fail(400, "request target must be an absolute path");
+        return h;
+    } else {
+        h.path = std::string(target.substr(0, target.find_first_of("?#")));
+    }
+
+    // 2. header lines
+    bool has_length = false, has_host = false;
+    while (!rest.empty()) {
+        const size_t e = rest.find("\r\n");
+        line = rest.substr(0, e);
+        rest = e == std::string_view::npos ? std::string_view() : rest.substr(e + 2);
+        if ((int)h.headers.size() >= o.max_headers) {
+            h.fail(431, "too many request headers");
+            return h;
+        }
+        const size_t colon = line.find(':');
+        if (colon == 0 || colon == std::string_view::npos) {
+            h.fail(400, line.empty() || line[0] == ' ' || line[0] == '\t' ? "folded or empty header line"
+                                                                          : "malformed header line");
+            return h;
+        }
+        const std::string_view name = line.substr(0, colon), value = trim(line.substr(colon + 1));
+        if (!std::all_of(name.begin(), name.end(), is_tchar)) {
+            h.fail(400, "malformed header name");
+            return h;
+        }
+        for (char c : value)
+            if (((unsigned char)c < 0x20 && c != '\t') || c == 0x7f) {
+                h.fail(400, "control character in a header value");
+                return h;
+            }
+        std::string lname = lower(name);
+        if (lname == "content-length") {
+            // digits only: no sign, no list; more digits than any limit can hold is "too large", not malformed
+            if (value.empty() ||
+                !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+                h.fail(400, "malformed Content-Length");
+                return h;
+            }
+            const size_t digits = value.size() - std::min(value.find_first_not_of('0'), value.size());
+            size_t n = 0;
+            if (digits > 18) {
+                n = SIZE_MAX;
+            } else {
+                for (char c : value) n = n * 10 + (size_t)(c - '0');
+            }
+            if (has_length && n != h.content_length) {
+                h.fail(400, "conflicting Content-Length headers");
+                return h;
+            }
+            has_length = true;
+            h.content_length = n;
+        } else if (lname == "transfer-encoding") {
+            // only a plain "chunked" is understood; other codings, or a repeated header, are refused
+            if (!iequals(value, "chunked") || h.chunked)
+                h.fail(501, "unsupported Transfer-Encoding: " + std::string(value));
+            h.chunked = true;
+        } else if (lname == "connection") {
+            for_each_token(value, [&](std::string_view t) {
+                if (iequals(t, "close")) h.keep_alive = false;
+            });
+        } else if (lname == "expect") {
+            if (iequals(value, "100-continue")) {
+                h.expect_continue = true;
+            } else {
+                h.fail(417, "unsupported Expect");
+            }
+        } else if (lname == "host") {
+            has_host = true;
+        }
+        h.headers.emplace_back(std::move(lname), std::string(value));
+    }
+    if (h.status) return h;
+    if (h.minor >= 1 && !has_host) h.fail(400, "HTTP/1.1 request without Host");
+    // both framings at once is how requests are smuggled past proxies (RFC 9112 6.3)
+    if (h.chunked && has_length) h.fail(400, "both Transfer-Encoding and Content-Length");
+    if (h.chunked && h.minor == 0) h.fail(400, "Transfer-Encoding in an HTTP/1.0 request");
+    // note: an HTTP/1.0 connection is closed after one response, keep-alive or not (simpler, and rare today)
+    if (h.minor == 0) h.keep_alive = false;
+    if (h.content_length > o.max_body_bytes)
+        h.fail(413, "request body too large (limit " + std::to_string(o.max_body_bytes) + " bytes)");
+    return h;
 }
 
 // Whether the peer has closed (or reset) the connection. A request pipelined behind this one also makes the
 // socket readable; then recv() peeks data, and the client is still there.
 bool peer_closed(int fd) {
-    if (fd < 0) return false;
     pollfd p{fd, POLLIN | POLLRDHUP, 0};
     if (poll(&p, 1, 0) <= 0) return false;
     if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return true;
@@ -81,6 +293,82 @@ bool peer_closed(int fd) {
     return false;
 }
 
+// Sends all of `data` from a worker thread; false when the peer is gone or stalls longer than timeout_ms.
+bool send_all(int fd, std::string_view data, int timeout_ms) {
+    while (!data.empty()) {
+        const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            data.remove_prefix((size_t)n);
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            pollfd p{fd, POLLOUT, 0};
+            const int r = poll(&p, 1, timeout_ms);
+            if (r == 0 || (r > 0 && (p.revents & (POLLERR | POLLHUP | POLLNVAL)))) return false;
+        } else if (!(n < 0 && errno == EINTR)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// The descriptor of a connection as handlers see it (client_closed() may be called after the connection is
+// gone, when the descriptor number may belong to another socket: `open` says so under the lock).
+struct fd_guard {
+    std::mutex mu;
+    int fd = -1;
+    bool open = true;
+    bool closed() {
+        std::lock_guard<std::mutex> lk(mu);
+        return !open || peer_closed(fd);
+    }
+    void close_now() {
+        std::lock_guard<std::mutex> lk(mu);
+        open = false;
+    }
+};
+
+class worker_pool {
+  public:
+    void start(int n) {
+        for (int i = 0; i < n; i++) threads_.emplace_back([this] { loop(); });
+    }
+    void post(std::function<void()> f) {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            q_.push_back(std::move(f));
+        }
+        cv_.notify_one();
+    }
+    void stop_and_join() {  // runs what is queued first
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            done_ = true;
+        }
+        cv_.notify_all();
+        for (auto& t : threads_) t.join();
+        threads_.clear();
+    }
+
+  private:
+    void loop() {
+        for (;;) {
+            std::function<void()> f;
+            {
+                std::unique_lock<std::mutex> lk(mu_);
+                cv_.wait(lk, [&] { return done_ || !q_.empty(); });
+                if (q_.empty()) return;
+                f = std::move(q_.front());
+                q_.pop_front();
+            }
+            f();
+        }
+    }
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> q_;
+    std::vector<std::thread> threads_;
+    bool done_ = false;
+};
+
 struct route_key {
     std::string method, path;
     bool operator<(const route_key& o) const { return method != o.method ? method < o.method : path < o.path; }
@@ -90,73 +378,489 @@ struct route_key {
 
 class http_server::impl {
   public:
-    explicit impl(const http_options& opt) : opt_(opt) {}
+    struct conn;
+
+    explicit impl(const http_options& opt) : opt_(opt), acceptor_(io_), retry_timer_(io_) {}
 
     http_options opt_;
-    httplib::Server svr_;
+    int rejects_pending_ = 0;  // I/O thread only; declared before io_, whose handlers may still hold rejects
+    asio::io_context io_;
+    tcp::acceptor acceptor_;
+    asio::steady_timer retry_timer_;  // accept paused after EMFILE
+    worker_pool pool_;
     std::map<route_key, http_handler> routes_;
     std::function<std::string(int, const std::string&)> error_body_ = [](int, const std::string& m) {
         return "{\"error\": {\"message\": \"" + m + "\"}}";
     };
     std::function<void(const http_request&, int)> logger_;
     int port_ = -1;
-    // stop() may come before run() has started listening; these close that window.
-    std::atomic<bool> stop_requested_{false}, run_entered_{false}, run_exited_{false};
+    std::atomic<bool> stop_requested_{false};
+    // I/O thread only:
+    bool stopping_ = false;
+    std::unordered_set<conn*> conns_;
+    std::unordered_map<std::string, int> per_addr_;
+    std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
 
-    void set_error(httplib::Response& res, int status, const std::string& msg) {
-        res.status = status;
-        res.set_content(error_body_(status, msg), "application/json");
+    // ---- routing and response heads (any thread; routes_ and opt_ do not change while serving)
+
+    std::string allowed_methods(const std::string& path) const {
+        std::string allow;
+        for (const auto& [k, h] : routes_)
+            if (k.path == path && allow.find(k.method) == std::string::npos) allow += k.method + ", ";
+        if (allow.empty()) return "";
+        return allow + "OPTIONS";
     }
 
-    // note: bodies are read through a content reader, not by httplib before routing: its own reading caps
-    // application/x-www-form-urlencoded bodies at 8 KB with a 413 (curl -d sends that type by default).
-    void dispatch_with_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-        std::string body;
-        bool too_large = false;
-        const bool ok = reader([&](const char* data, size_t n) {
-            // httplib 0.11 checks the limit against Content-Length only: a chunked body is counted here
-            if (body.size() + n > opt_.max_body_bytes) return !(too_large = true);
-            body.append(data, n);
-            return true;
-        });
-        if (!ok || too_large) {  // httplib has set the status (413 over the limit, 400 for a broken body)
-            if (too_large) res.status = 413;
-            if (res.status < 400) res.status = 400;
+    // Access-Control-* for a request from `origin`, when that origin is allowed
+    void add_cors(const request_head& h, std::vector<std::pair<std::string, std::string>>& out) const {
+        if (opt_.cors_origins.empty()) return;
+        const std::string* origin = h.find("origin");
+        if (!origin) return;
+        const bool any = std::find(opt_.cors_origins.begin(), opt_.cors_origins.end(), "*") != opt_.cors_origins.end();
+        if (!any && std::find(opt_.cors_origins.begin(), opt_.cors_origins.end(), *origin) == opt_.cors_origins.end())
             return;
-        }
-        dispatch(req, res, &body);
+        out.emplace_back("Access-Control-Allow-Origin", any ? "*" : *origin);
+        if (!any) out.emplace_back("Vary", "Origin");
     }
 
-    void dispatch(const httplib::Request& req, httplib::Response& res, std::string* body = nullptr) {
-        bool path_known = false;
-        const http_handler* h = nullptr;
-        for (const auto& [k, fn] : routes_) {
-            if (k.path != req.path) continue;
-            path_known = true;
-            if (k.method == req.method) h = &fn;
+    // body_len: >= 0 Content-Length; -1 chunked; -2 ended by closing the connection
+    static std::string response_head(int status, const std::string& content_type, int64_t body_len, bool keep_alive,
+                                     const std::vector<std::pair<std::string, std::string>>& headers) {
+        std::string s = "HTTP/1.1 " + std::to_string(status) + " " + reason(status) + "\r\n";
+        for (const auto& [k, v] : headers) {
+            if (iequals(k, "content-length") || iequals(k, "transfer-encoding") || iequals(k, "connection")) continue;
+            s += k + ": " + v + "\r\n";
         }
-        if (!h) {
-            if (path_known) {
-                set_error(res, 405, "method " + req.method + " is not allowed on " + req.path);
-            } else {
-                set_error(res, 404, "no such endpoint: " + req.method + " " + req.path);
+        if (!content_type.empty() && status != 204) s += "Content-Type: " + content_type + "\r\n";
+        if (body_len >= 0 && status != 204) s += "Content-Length: " + std::to_string(body_len) + "\r\n";
+        if (body_len == -1) s += "Transfer-Encoding: chunked\r\n";
+        s += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+        return s + "\r\n";
+    }
+
+    void log(const http_request& r, int status) {
+        if (!logger_) return;
+        try {
+            logger_(r, status);
+        } catch (...) {
+        }
+    }
+
+    // ---- one connection
+
+    struct conn : std::enable_shared_from_this<conn> {
+        enum class phase { head, body, handling, writing, closing };
+        impl& srv;
+        tcp::socket sock;
+        asio::steady_timer timer;
+        std::string addr;
+        int port = -1;
+        std::string buf;  // received, not yet consumed
+        std::array<char, 16384> rbuf;
+        phase ph = phase::head;
+        bool request_started = false;  // a byte of the current request has arrived
+        int served = 0;
+        request_head head;
+        size_t head_bytes = 0;
+        std::string body;     // a chunked body, decoded so far
+        int chunk_state = 0;  // 0 size line, 1 data, 2 CRLF after data, 3 trailers
+        size_t chunk_left = 0;
+        std::shared_ptr<fd_guard> guard = std::make_shared<fd_guard>();
+        clock_type::time_point deadline;
+        size_t lingered = 0;
+        bool registered = true;
+
+        conn(impl& s, tcp::socket so, std::string a, int p)
+            : srv(s), sock(std::move(so)), timer(s.io_), addr(std::move(a)), port(p) {
+            guard->fd = sock.native_handle();
+        }
+
+        void set_deadline(double seconds) {
+            deadline = clock_type::now() + std::chrono::microseconds((int64_t)(seconds * 1e6));
+            timer.expires_at(deadline);
+            timer.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+                if (!ec && clock_type::now() >= self->deadline) self->on_deadline();
+            });
+        }
+        void clear_deadline() {
+            deadline = clock_type::time_point::max();
+            timer.cancel();
+        }
+
+        void start() {
+            set_deadline(srv.opt_.header_timeout_s);
+            request_started = true;  // the header deadline runs from accept for the first request
+            read_more();
+        }
+
+        void read_more() {
+            sock.async_read_some(asio::buffer(rbuf), [self = shared_from_this()](const asio::error_code& ec, size_t n) {
+                self->on_read(ec, n);
+            });
+        }
+
+        void on_read(const asio::error_code& ec, size_t n) {
+            if (ph == phase::closing) {  // lingering close: discard until EOF, the deadline, or enough bytes
+                lingered += n;
+                if (ec || lingered > LINGER_MAX_BYTES) return close();
+                return read_more();
             }
+            if (ec) return close();
+            buf.append(rbuf.data(), n);
+            process();
+        }
+
+        void on_deadline() {
+            if (ph == phase::head && !request_started) return close();  // idle keep-alive connection
+            if (ph == phase::head || ph == phase::body)
+                return reply_and_close(408, ph == phase::head ? "request headers not received in time"
+                                                              : "request body not received in time");
+            close();  // writing an error reply, or lingering
+        }
+
+        // Parses what has arrived and moves the request on.
+        void process() {
+            if (ph == phase::head) {
+                if (!request_started) {
+                    // tolerate empty lines before a request (RFC 9112 2.2)
+                    while (buf.size() >= 2 && buf[0] == '\r' && buf[1] == '\n') buf.erase(0, 2);
+                    if (buf.empty()) return read_more();
+                    request_started = true;
+                    set_deadline(srv.opt_.header_timeout_s);
+                }
+                const size_t end = buf.find("\r\n\r\n");
+                if (end == std::string::npos) {
+                    if (buf.size() > srv.opt_.max_header_bytes)
+                        return reply_and_close(431, "request headers too large");
+                    return read_more();
+                }
+                if (end + 4 > srv.opt_.max_header_bytes) return reply_and_close(431, "request headers too large");
+                head = parse_head(std::string_view(buf).substr(0, end), srv.opt_);
+                head_bytes = end + 4;
+                if (head.status) return reply_and_close(head.status, head.error);
+                if (!route_or_answer()) return;
+                ph = phase::body;
+                set_deadline(srv.opt_.body_timeout_s);
+                buf.erase(0, head_bytes);  // from here buf holds the body (and what follows it)
+                head_bytes = 0;
+                if (head.expect_continue && (head.chunked ? buf.empty() : buf.size() < head.content_length)) {
+                    // the client waits for this before sending its body (curl does for bodies over 1 KiB)
+                    static const std::string cont = "HTTP/1.1 100 Continue\r\n\r\n";
+                    asio::async_write(sock, asio::buffer(cont),
+                                      [self = shared_from_this()](const asio::error_code& ec, size_t) {
+                                          if (ec) return self->close();
+                                          self->process();
+                                      });
+                    return;
+                }
+            }
+            if (ph == phase::body) {
+                if (head.chunked) {
+                    const int r = decode_chunks();
+                    if (r < 0) return;  // answered
+                    if (r == 0) return read_more();
+                } else if (buf.size() < head.content_length) {
+                    return read_more();
+                }
+                clear_deadline();
+                dispatch();
+            }
+        }
+
+        // Decodes the chunks in buf into body (RFC 9112 7.1): 1 when the body is complete, 0 for more input,
+        // -1 when it was answered with an error.
+        int decode_chunks() {
+            for (;;) {
+                if (chunk_state == 1) {  // data
+                    const size_t take = std::min(chunk_left, buf.size());
+                    body.append(buf, 0, take);
+                    buf.erase(0, take);
+                    chunk_left -= take;
+                    if (chunk_left > 0) return 0;
+                    chunk_state = 2;
+                    continue;
+                }
+                const size_t eol = buf.find("\r\n");
+                if (eol == std::string::npos) {
+                    const size_t cap = chunk_state == 3 ? srv.opt_.max_header_bytes : MAX_CHUNK_LINE;
+                    if (buf.size() > cap) return reply_and_close(400, "malformed chunked body"), -1;
+                    return 0;
+                }
+                if (chunk_state == 2) {  // the CRLF closing a chunk's data
+                    if (eol != 0) return reply_and_close(400, "malformed chunked body"), -1;
+                    buf.erase(0, 2);
+                    chunk_state = 0;
+                } else if (chunk_state == 3) {  // trailer lines, ignored, up to the empty line
+                    buf.erase(0, eol + 2);
+                    if (eol == 0) return 1;
+                } else {  // chunk-size [; extensions]
+                    const std::string_view line = std::string_view(buf).substr(0, eol);
+                    const size_t digits = std::min(line.find_first_of("; \t"), line.size());
+                    if (digits == 0 || digits > 16) return reply_and_close(400, "malformed chunk size"), -1;
+                    size_t n = 0;
+                    for (size_t i = 0; i < digits; i++) {
+                        const char c = ascii_lower(line[i]);
+                        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+                            return reply_and_close(400, "malformed chunk size"), -1;
+                        n = n * 16 + (size_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+                    }
+                    buf.erase(0, eol + 2);
+                    if (n > srv.opt_.max_body_bytes - std::min(body.size(), srv.opt_.max_body_bytes))
+                        return reply_and_close(413, "request body too large (limit " +
+                                                        std::to_string(srv.opt_.max_body_bytes) + " bytes)"),
+                               -1;
+                    chunk_left = n;
+                    chunk_state = n == 0 ? 3 : 1;
+                }
+            }
+        }
+
+        // Answers what needs no handler (404, 405, OPTIONS); true when a handler is to run.
+        bool route_or_answer() {
+            http_request r;
+            r.method = head.method;
+            r.path = head.path;
+            r.remote_addr = addr;
+            r.remote_port = port;
+            if (head.path == "*") {  // OPTIONS *: what the server supports
+                reply_simple(204, "", {{"Allow", "GET, POST, OPTIONS"}});
+                return false;
+            }
+            if (srv.routes_.count(route_key{head.method, head.path})) return true;
+            const std::string allow = srv.allowed_methods(head.path);
+            if (allow.empty()) {
+                srv.log(r, 404);
+                reply_and_close(404, "no such endpoint: " + head.method + " " + head.path);
+                return false;
+            }
+            if (head.method == "OPTIONS") {
+                std::vector<std::pair<std::string, std::string>> hs{{"Allow", allow}};
+                srv.add_cors(head, hs);
+                if (hs.size() > 1 &&
+                    head.find("access-control-request-method")) {  // a preflight from an allowed origin
+                    hs.emplace_back("Access-Control-Allow-Methods", allow);
+                    const std::string* req_headers = head.find("access-control-request-headers");
+                    hs.emplace_back("Access-Control-Allow-Headers", req_headers && !req_headers->empty()
+                                                                        ? *req_headers
+                                                                        : "Authorization, Content-Type");
+                    hs.emplace_back("Access-Control-Max-Age", "86400");
+                }
+                reply_simple(204, "", std::move(hs));
+                return false;
+            }
+            srv.log(r, 405);
+            reply_and_close(405, "method " + head.method + " is not allowed on " + head.path, {{"Allow", allow}});
+            return false;
+        }
+
+        // A reply the I/O thread writes itself; the connection stays open only when the request had no body.
+        void reply_simple(int status, const std::string& body, std::vector<std::pair<std::string, std::string>> hs) {
+            const bool keep = head.keep_alive && head.content_length == 0 && !head.chunked && !srv.stopping_ &&
+                              ++served < srv.opt_.keepalive_max;
+            if (keep) buf.erase(0, head_bytes);
+            write_then(
+                response_head(status, body.empty() ? "" : "application/json", (int64_t)body.size(), keep, hs) + body,
+                keep);
+        }
+
+        void reply_and_close(int status, const std::string& message,
+                             std::vector<std::pair<std::string, std::string>> hs = {}) {
+            if (status == 503 || status == 408) hs.emplace_back("Retry-After", "1");
+            srv.add_cors(head, hs);
+            const std::string body = srv.error_body_(status, message);
+            write_then(response_head(status, "application/json", (int64_t)body.size(), false, hs) + body, false);
+        }
+
+        void write_then(std::string data, bool keep) {
+            ph = phase::writing;
+            set_deadline(srv.opt_.write_timeout_s);
+            auto out = std::make_shared<std::string>(std::move(data));
+            asio::async_write(sock, asio::buffer(*out),
+                              [self = shared_from_this(), out, keep](const asio::error_code& ec, size_t) {
+                                  if (ec) return self->close();
+                                  if (keep) return self->next_request();
+                                  self->linger();
+                              });
+        }
+
+        // Hands the complete request to a worker.
+        void dispatch() {
+            ph = phase::handling;
+            std::vector<std::pair<std::string, std::string>> cors;
+            srv.add_cors(head, cors);
+            auto r = std::make_shared<http_request>();
+            r->method = head.method;
+            r->path = head.path;
+            if (head.chunked) {
+                r->body = std::move(body);
+            } else {
+                r->body = buf.substr(0, head.content_length);
+                buf.erase(0, head.content_length);
+            }
+            r->headers = std::move(head.headers);
+            r->remote_addr = addr;
+            r->remote_port = port;
+            r->client_closed = [g = guard] { return g->closed(); };
+            const bool keep = head.keep_alive && !srv.stopping_ && ++served < srv.opt_.keepalive_max;
+            const bool http10 = head.minor == 0;
+            srv.pool_.post([self = shared_from_this(), r, keep, cors = std::move(cors), http10] {
+                const bool still_keep = self->srv.handle(*r, self->guard->fd, keep, http10, cors);
+                asio::post(self->srv.io_, [self, still_keep] { self->after_response(still_keep); });
+            });
+        }
+
+        void after_response(bool keep) {
+            if (keep && !srv.stopping_) return next_request();
+            linger();
+        }
+
+        void next_request() {
+            ph = phase::head;
+            request_started = false;
+            head = request_head{};
+            head_bytes = 0;
+            body.clear();
+            chunk_state = 0;
+            chunk_left = 0;
+            set_deadline(srv.opt_.idle_timeout_s);
+            process();
+        }
+
+        // Half-closes, then reads and discards what the client still sends for a while: closing a socket with
+        // unread data resets it, and a reset can destroy the reply before the client has read it.
+        void linger() {
+            if (srv.stopping_) return close();
+            ph = phase::closing;
+            asio::error_code ec;
+            sock.shutdown(tcp::socket::shutdown_send, ec);
+            if (ec) return close();
+            set_deadline(LINGER_S);
+            read_more();
+        }
+
+        void close() {
+            if (!registered) return;
+            registered = false;
+            guard->close_now();
+            asio::error_code ec;
+            timer.cancel();
+            sock.close(ec);
+            srv.unregister(this);
+        }
+    };
+
+    // ---- accepting
+
+    void accept() {
+        acceptor_.async_accept([this](const asio::error_code& ec, tcp::socket s) { on_accept(ec, std::move(s)); });
+    }
+
+    void on_accept(const asio::error_code& ec, tcp::socket s) {
+        if (stopping_) return;
+        if (ec) {
+            if (ec == asio::error::operation_aborted) return;
+            if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space) {
+                retry_timer_.expires_after(std::chrono::milliseconds(50));  // out of descriptors: let some close
+                retry_timer_.async_wait([this](const asio::error_code& e) {
+                    if (!e && !stopping_) accept();
+                });
+                return;
+            }
+            return accept();
+        }
+        accept();
+        asio::error_code e;
+        const tcp::endpoint peer = s.remote_endpoint(e);
+        if (e) return;
+        std::string addr = peer.address().to_string();
+        s.set_option(tcp::no_delay(true), e);
+        int& n_addr = per_addr_[addr];
+        if ((int)conns_.size() >= opt_.max_connections || n_addr >= opt_.max_connections_per_addr) {
+            if (n_addr == 0) per_addr_.erase(addr);
+            reject(std::move(s), (int)conns_.size() >= opt_.max_connections ? "too many connections"
+                                                                            : "too many connections from " + addr);
             return;
         }
-        http_request r;
-        r.method = req.method;
-        r.path = req.path;
-        r.body = body ? std::move(*body) : req.body;
-        r.remote_addr = req.remote_addr;
-        r.remote_port = req.remote_port;
-        for (const auto& [k, v] : req.headers) r.headers.emplace_back(lower(k), v);
-        // note: looked up now, while the connection is surely whole: once the peer resets it, getpeername()
-        // fails and the descriptor could no longer be found (a client that closes with unread data sends RST).
-        const int fd = find_connection_fd(req.remote_addr, req.remote_port, req.local_port);
-        r.client_closed = [fd] { return peer_closed(fd); };
+        n_addr++;
+        auto c = std::make_shared<conn>(*this, std::move(s), std::move(addr), (int)peer.port());
+        conns_.insert(c.get());
+        c->start();
+    }
+
+    // 503 + Retry-After to a connection over the limits, written without reading its request.
+    void reject(tcp::socket s, const std::string& why) {
+        if (rejects_pending_ >= MAX_PENDING_REJECTS) return;  // s closes here
+        struct rejected {
+            tcp::socket sock;
+            asio::steady_timer timer;
+            std::string data;
+            int* pending;
+            rejected(tcp::socket so, asio::io_context& io, std::string d, int* p)
+                : sock(std::move(so)), timer(io), data(std::move(d)), pending(p) {
+                ++*pending;
+            }
+            ~rejected() { --*pending; }
+        };
+        const std::string body = error_body_(503, why + "; retry later");
+        auto r = std::make_shared<rejected>(
+            std::move(s), io_,
+            response_head(503, "application/json", (int64_t)body.size(), false, {{"Retry-After", "1"}}) + body,
+            &rejects_pending_);
+        r->timer.expires_after(std::chrono::seconds(1));
+        r->timer.async_wait([r](const asio::error_code& ec) {
+            if (!ec) r->sock.close();
+        });
+        asio::async_write(r->sock, asio::buffer(r->data), [this, r](const asio::error_code& ec, size_t) {
+            asio::error_code e;
+            r->sock.shutdown(tcp::socket::shutdown_send, e);
+            if (ec || e) return r->timer.cancel(), r->sock.close(e);
+            drain(r);  // until the client closes or the timer fires: a close with unread data would reset the 503
+        });
+    }
+
+    template <class R>
+    void drain(std::shared_ptr<R> r) {
+        static std::array<char, 4096> sink;  // discarded bytes; only the I/O thread reads into it
+        r->sock.async_read_some(asio::buffer(sink), [this, r](const asio::error_code& ec, size_t) {
+            if (!ec) return drain(r);
+            asio::error_code e;
+            r->timer.cancel();
+            r->sock.close(e);
+        });
+    }
+
+    void unregister(conn* c) {
+        conns_.erase(c);
+        auto it = per_addr_.find(c->addr);
+        if (it != per_addr_.end() && --it->second <= 0) per_addr_.erase(it);
+        maybe_finish();
+    }
+
+    void begin_stop() {
+        if (stopping_) return;
+        stopping_ = true;
+        asio::error_code ec;
+        acceptor_.close(ec);
+        retry_timer_.cancel();
+        // connections not inside a handler are closed now; the others close when their response is written
+        std::vector<std::shared_ptr<conn>> idle;
+        for (conn* c : conns_)
+            if (c->ph != conn::phase::handling) idle.push_back(c->shared_from_this());
+        for (auto& c : idle) c->close();
+        maybe_finish();
+    }
+
+    void maybe_finish() {
+        if (stopping_ && conns_.empty()) work_.reset();  // io_.run() returns once the rest of its work is done
+    }
+
+    // ---- on a worker thread: the handler and its response. Returns whether the connection may be kept.
+    bool handle(http_request& r, int fd, bool keep, bool http10,
+                const std::vector<std::pair<std::string, std::string>>& cors) {
+        const auto h = routes_.find(route_key{r.method, r.path});
         http_response out;
         try {
-            (*h)(r, out);
+            h->second(r, out);
         } catch (const std::exception& e) {
             out = http_response{};
             out.status = 500;
@@ -166,76 +870,47 @@ class http_server::impl {
             out.status = 500;
             out.body = error_body_(500, "internal error");
         }
-        res.status = out.status;
-        for (const auto& [k, v] : out.headers) res.set_header(k, v);
-        if (logger_) {
-            try {
-                logger_(r, out.status);
-            } catch (...) {
-            }
-        }
+        log(r, out.status);
+        keep = keep && !stop_requested_;  // stop() came while the handler ran: this is the connection's last response
+        std::vector<std::pair<std::string, std::string>> hs = std::move(out.headers);
+        hs.insert(hs.end(), cors.begin(), cors.end());
+        const int timeout_ms = (int)(opt_.write_timeout_s * 1000);
         if (!out.stream) {
-            res.set_content(out.body, out.content_type);
-            return;
+            const std::string data =
+                response_head(out.status, out.content_type, (int64_t)out.body.size(), keep, hs) + out.body;
+            return send_all(fd, data, timeout_ms) && keep;
         }
-        // The whole stream is produced in the provider's first call; done() then writes the last chunk.
-        auto stream = std::make_shared<std::function<void(const http_write_fn&)>>(std::move(out.stream));
-        res.set_chunked_content_provider(out.content_type, [stream](size_t, httplib::DataSink& sink) {
-            bool ok = true;
-            http_write_fn write = [&](std::string_view chunk) {
-                if (!ok) return false;
-                if (chunk.empty()) return true;  // an empty chunk would end the response early
-                ok = sink.write(chunk.data(), chunk.size());
-                return ok;
-            };
-            try {
-                (*stream)(write);
-            } catch (...) {
-                // a stream function must not throw; if it does, the response simply ends here
-            }
-            if (ok) sink.done();
-            return ok;
-        });
+        // note: an HTTP/1.0 client cannot read chunks: its stream is the raw body, ended by closing
+        const bool chunked = !http10;
+        keep = keep && chunked;
+        bool ok = send_all(fd, response_head(out.status, out.content_type, chunked ? -1 : -2, keep, hs), timeout_ms);
+        http_write_fn write = [&](std::string_view chunk) {
+            if (!ok) return false;
+            if (chunk.empty()) return true;  // an empty chunk would end the response early
+            if (!chunked) return ok = send_all(fd, chunk, timeout_ms);
+            char size[32];
+            snprintf(size, sizeof size, "%zx\r\n", chunk.size());
+            std::string piece;
+            piece.reserve(chunk.size() + 16);
+            piece.append(size).append(chunk).append("\r\n");
+            return ok = send_all(fd, piece, timeout_ms);
+        };
+        try {
+            out.stream(write);
+        } catch (...) {
+            // a stream function must not throw; if it does, the response ends here, and so does the connection
+            return false;
+        }
+        if (ok && chunked) ok = send_all(fd, "0\r\n\r\n", timeout_ms);
+        return ok && keep;
     }
 };
 
-http_server::http_server(const http_options& opt) : impl_(std::make_unique<impl>(opt)) {
-    httplib::Server& s = impl_->svr_;
-    const size_t threads = (size_t)std::max(1, opt.threads);
-    s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    s.set_payload_max_length(opt.max_body_bytes);
-    s.set_read_timeout(opt.read_timeout_s, 0);
-    s.set_write_timeout(opt.write_timeout_s, 0);
-    s.set_keep_alive_max_count((size_t)std::max(1, opt.keepalive_max));
-    s.set_keep_alive_timeout(5);
-    impl* p = impl_.get();
-    auto handler = [p](const httplib::Request& req, httplib::Response& res) { p->dispatch(req, res); };
-    auto with_body = [p](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-        p->dispatch_with_body(req, res, reader);
-    };
-    s.Get(".*", handler);
-    s.Post(".*", httplib::Server::HandlerWithContentReader(with_body));
-    s.Put(".*", httplib::Server::HandlerWithContentReader(with_body));
-    s.Patch(".*", httplib::Server::HandlerWithContentReader(with_body));
-    s.Delete(".*", handler);
-    s.Options(".*", handler);
-    // Responses httplib makes by itself (413, 400 for a malformed request line, ...) get a JSON body too.
-    s.set_error_handler(httplib::Server::HandlerWithResponse([p](const httplib::Request&, httplib::Response& res) {
-        if (!res.body.empty() || res.is_chunked_content_provider_ || res.content_length_ > 0)
-            return httplib::Server::HandlerResponse::Unhandled;
-        const char* msg = res.status == 413   ? "request body too large"
-                          : res.status == 400 ? "malformed HTTP request"
-                          : res.status == 404 ? "not found"
-                                              : "request failed";
-        res.set_content(p->error_body_(res.status, msg), "application/json");
-        return httplib::Server::HandlerResponse::Handled;
-    }));
-    s.set_exception_handler([p](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        p->set_error(res, 500, "internal error");
-    });
-}
+http_server::http_server(const http_options& opt) : impl_(std::make_unique<impl>(opt)) {}
 
-http_server::~http_server() { stop(); }
+http_server::~http_server() {
+    if (impl_) stop();
+}
 
 void http_server::route(const std::string& method, const std::string& path, http_handler h) {
     impl_->routes_[route_key{method, path}] = std::move(h);
@@ -248,33 +923,70 @@ void http_server::set_error_body(std::function<std::string(int, const std::strin
 void http_server::set_logger(std::function<void(const http_request&, int)> f) { impl_->logger_ = std::move(f); }
 
 void http_server::bind() {
-    httplib::Server& s = impl_->svr_;
-    const http_options& o = impl_->opt_;
-    if (o.port == 0) {
-        impl_->port_ = s.bind_to_any_port(o.host);
-        if (impl_->port_ < 0) fail("serve: cannot bind to %s (any port)", o.host.c_str());
-    } else {
-        if (!s.bind_to_port(o.host, o.port))
-            fail("serve: cannot bind to %s:%d (in use, or not a local address?)", o.host.c_str(), o.port);
-        impl_->port_ = o.port;
+    impl& m = *impl_;
+    http_options& o = m.opt_;
+    // Every connection is a descriptor: raise the soft limit toward the hard one, and keep the cap under it.
+    rlimit rl{};
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        const rlim_t want = (rlim_t)o.max_connections + MAX_PENDING_REJECTS + 256;
+        if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+            rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? want : std::min(want, rl.rlim_max);
+            setrlimit(RLIMIT_NOFILE, &rl);
+            getrlimit(RLIMIT_NOFILE, &rl);
+        }
+        if (rl.rlim_cur != RLIM_INFINITY && (rlim_t)o.max_connections + MAX_PENDING_REJECTS + 256 > rl.rlim_cur) {
+            const int cap = std::max(16, (int)rl.rlim_cur - MAX_PENDING_REJECTS - 256);
+            fprintf(stderr, "tansy serve: open-file limit %llu: at most %d connections\n",
+                    (unsigned long long)rl.rlim_cur, cap);
+            o.max_connections = cap;
+        }
     }
+    asio::error_code ec;
+    asio::ip::address addr = asio::ip::make_address(o.host, ec);
+    if (ec) {  // a host name: the first address it resolves to
+        tcp::resolver res(m.io_);
+        auto rs = res.resolve(o.host, std::to_string(o.port), ec);
+        if (ec || rs.empty()) fail("serve: cannot resolve %s: %s", o.host.c_str(), ec.message().c_str());
+        addr = rs.begin()->endpoint().address();
+    }
+    const tcp::endpoint ep(addr, (unsigned short)o.port);
+    m.acceptor_.open(ep.protocol(), ec);
+    if (!ec) m.acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) m.acceptor_.bind(ep, ec);
+    if (!ec) m.acceptor_.listen(std::max(1, o.backlog), ec);
+    if (ec) {
+        asio::error_code e2;
+        m.acceptor_.close(e2);
+        if (o.port == 0) fail("serve: cannot bind to %s (any port): %s", o.host.c_str(), ec.message().c_str());
+        fail("serve: cannot bind to %s:%d (%s)", o.host.c_str(), o.port, ec.message().c_str());
+    }
+    m.port_ = m.acceptor_.local_endpoint().port();
 }
 
 int http_server::port() const { return impl_->port_; }
 
 void http_server::run() {
-    impl_->run_entered_ = true;
-    if (!impl_->stop_requested_) impl_->svr_.listen_after_bind();
-    impl_->run_exited_ = true;
+    impl& m = *impl_;
+    if (m.stop_requested_ || !m.acceptor_.is_open()) return;
+    m.work_.emplace(m.io_.get_executor());
+    m.pool_.start(std::max(1, m.opt_.threads));
+    m.accept();
+    for (;;) {
+        try {
+            m.io_.run();
+            break;
+        } catch (const std::exception& e) {  // our handlers do not throw; keep serving if one ever does
+            fprintf(stderr, "tansy serve: I/O error: %s\n", e.what());
+        }
+    }
+    m.pool_.stop_and_join();
 }
 
 void http_server::stop() {
     if (!impl_) return;
     impl_->stop_requested_ = true;
-    // httplib's stop() is a no-op until its accept loop runs: wait for it when run() is on its way there
-    while (impl_->run_entered_ && !impl_->run_exited_ && !impl_->svr_.is_running())
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    impl_->svr_.stop();
+    impl* m = impl_.get();
+    asio::post(m->io_, [m] { m->begin_stop(); });
 }
 
 }  // namespace tansy

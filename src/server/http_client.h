@@ -1,8 +1,6 @@
-// A small blocking HTTP/1.1 client: our own interface over cpp-httplib's client (pimpl; httplib.h is included
-// by http_client.cpp only), for driving a server from the same process (tansy bench --serve,
-// server/load_client.h). Response bodies reach a callback piece by piece as they arrive, so a streamed (SSE)
-// response can be timed event by event. Built without cpp-httplib, every request fails with the reason
-// (http_unavailable.cpp); http_available() tells beforehand.
+// A small blocking HTTP/1.1 client over plain POSIX sockets, for driving a server from the same process
+// (tansy bench --serve, server/load_client.h). Response bodies reach a callback piece by piece as they arrive
+// (Content-Length, chunked, or ended by closing), so a streamed (SSE) response can be timed event by event.
 #pragma once
 #include <functional>
 #include <memory>

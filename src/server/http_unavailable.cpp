@@ -1,7 +1,5 @@
-// http_server and http_client when tansy is built without cpp-httplib: every call that would serve or send
-// fails with the reason.
+// http_server when tansy is built without Asio's header (libasio-dev): bind() fails with the reason.
 #include "server/http.h"
-#include "server/http_client.h"
 
 #include "core/check.h"
 
@@ -23,23 +21,10 @@ void http_server::route(const std::string&, const std::string&, http_handler) {}
 void http_server::set_error_body(std::function<std::string(int, const std::string&)>) {}
 void http_server::set_logger(std::function<void(const http_request&, int)>) {}
 void http_server::bind() {
-    fail("serve: this tansy was built without cpp-httplib (install libcpp-httplib-dev and rebuild)");
+    fail("serve: this tansy was built without Asio (install libasio-dev and rebuild)");
 }
 int http_server::port() const { return -1; }
 void http_server::run() {}
 void http_server::stop() {}
-
-class http_client::impl {};
-
-http_client::http_client(const std::string&, int, int) {}
-http_client::~http_client() = default;
-int http_client::post(const std::string&, const std::string&, const http_body_fn&, std::string* error) {
-    if (error) *error = "this tansy was built without cpp-httplib (install libcpp-httplib-dev and rebuild)";
-    return -1;
-}
-int http_client::get(const std::string&, std::string*, std::string* error) {
-    if (error) *error = "this tansy was built without cpp-httplib (install libcpp-httplib-dev and rebuild)";
-    return -1;
-}
 
 }  // namespace tansy
