@@ -7,7 +7,8 @@
 #          AB_ENV='TANSY_DECODE_INT8=0' scripts/device.sh ab   (B: the same binary under that environment)
 #          AB_TEST_FILTER='cuda_ops.*:cuda_attention*' also runs those CUDA tests on the patched tree (B)
 #   ab-multi: AB_LIST='post-wait-loads post-wait-loads+gdn-norm-in-out-proj' [AB_TEST_FILTER=...] scripts/device.sh ab-multi [bench args]
-#          an item names docs/experiments patches ('+' applies them in order, -NAME one reversed); each variant is
+#          an item names a patch $AB_DIR/NAME.patch (default .carry/experiments; old ones come back with
+#          git show, docs/PERF.md "Method") ('+' applies them in order, -NAME one reversed); each variant is
 #          an incremental rebuild of this tree with its patches applied in place (then reverted), and the benches
 #          alternate over all variants (A B1 B2 ..) ${AB_ROUNDS:-2} times; NAMES@VAR=value,VAR2=value runs that
 #          build under that environment (built once per set of patches; '@VAR=value' alone: this tree's binary)
@@ -128,7 +129,10 @@ if [ "$what" = ab ]; then
   if [ -n "${AB_ENV:-}" ]; then
     bin_b=build-dev/bin/tansy; label_b="env $AB_ENV"
   else
-    [ -f "${AB_PATCH:-}" ] || { echo "ab: set AB_PATCH to a patch file (or AB_ENV)"; exit 1; }
+    # AB_PATCH: a patch file, or NAME for $AB_DIR/NAME.patch (as ab-multi's items)
+    ab_dir=${AB_DIR:-.carry/experiments}
+    [ ! -f "${AB_PATCH:-}" ] && [ -f "$ab_dir/${AB_PATCH:-}.patch" ] && AB_PATCH=$ab_dir/$AB_PATCH.patch
+    [ -f "${AB_PATCH:-}" ] || { echo "ab: set AB_PATCH to a patch file or a name in $ab_dir (or AB_ENV)"; exit 1; }
     rm -rf /tmp/ab && mkdir -p /tmp/ab && tar --exclude='./build*' --exclude=./.carry --exclude=./.git --exclude="./$OUT" -cf - . | tar -xf - -C /tmp/ab
     pf=$AB_PATCH; case $pf in /*) ;; *) pf=$PWD/$pf ;; esac
     (cd /tmp/ab && patch -p1 -s ${AB_REVERSE:+-R} < "$pf") || { echo "ab: the patch does not apply"; exit 1; }
@@ -155,6 +159,7 @@ if [ "$what" = ab ] && [ -n "${AB_TEST_FILTER:-}" ] && [ -z "${AB_ENV:-}" ]; the
   grep -E "^\[  (FAILED|PASSED) |^\[  SKIPPED \] [0-9]|Failure|Expected|Which is" "$OUT/gtest-b.log" | head -30
 fi
 if [ "$what" = ab-multi ]; then
+  ab_dir=${AB_DIR:-.carry/experiments}
   rm -rf /tmp/abm && mkdir -p /tmp/abm/A && cp build-dev/bin/tansy /tmp/abm/A/ && : > /tmp/abm/A/env
   variants=(A); declare -A built=(["p:"]=A)
   for item in ${AB_LIST:?set AB_LIST}; do
@@ -168,8 +173,8 @@ if [ "$what" = ab-multi ]; then
     fi
     for name in $names; do  # -NAME: the patch reversed (B = this tree without a change it holds)
       rev=; [ "${name#-}" != "$name" ] && rev=-R
-      grep '^+++ b/' "docs/experiments/${name#-}.patch" | cut -c7- >> build-dev/.ab-touched
-      patch -p1 -s $rev --no-backup-if-mismatch < "docs/experiments/${name#-}.patch" || { echo "ab-multi: $name does not apply"; break; }
+      grep '^+++ b/' "$ab_dir/${name#-}.patch" | cut -c7- >> build-dev/.ab-touched
+      patch -p1 -s $rev --no-backup-if-mismatch < "$ab_dir/${name#-}.patch" || { echo "ab-multi: $name does not apply"; break; }
       applied=("$name" "${applied[@]}")
     done
     if [ ${#applied[@]} -eq $(echo $names | wc -w) ]; then
@@ -188,7 +193,7 @@ if [ "$what" = ab-multi ]; then
     fi
     for name in "${applied[@]}"; do
       rev=-R; [ "${name#-}" != "$name" ] && rev=
-      patch -p1 $rev -s --no-backup-if-mismatch < "docs/experiments/${name#-}.patch"
+      patch -p1 $rev -s --no-backup-if-mismatch < "$ab_dir/${name#-}.patch"
     done
   done
   args=("$@"); [ ${#args[@]} -eq 0 ] && args=(--contexts 2048,131072 --batches none --prompts none)

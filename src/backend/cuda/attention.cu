@@ -1,18 +1,15 @@
-// Attention kernels (head_dim 256 = 8 values per lane).
-// v1: prep is a warp per head (norm, RoPE through shared memory, bf16 KV append); the split kernel gives each
-//     block a slice of the context for one KV head and all G query heads that read it (GQA packing: each K/V
-//     row is loaded once for G heads), warps stride over positions with an online softmax, and the block folds
-//     its warps together; the combine kernel merges the splits and applies the sigmoid output gate.
-//     H200, batch 1, 2K context: split 42 us, combine 15 us per layer.
-// v2: split gave each of the G warps one query head over the block's whole slice: 2K context faster, but at
-//     128K each warp walked 2048 positions alone (17 ms/token). Combine stages the split weights in shared
-//     memory so the partial reads are independent (kept).
-// v3: back to warps striding over positions with all G heads each, the warps folded through shared memory
-//     without atomics; slices of at least 32 positions, at most 64 per KV head.
-//     (Tried: up to 256 slices for long contexts: 128K decode 215 -> 200 tok/s, reverted.)
-// v4: the split kernel on tensor cores (mma.sync, as attention_prefill), slices of at least 64 positions.
-// The split and combine kernels skip the rows of spans of k_attn_prefill_min_rows or more: attention_prefill
-// (attention_prefill.cu) does those with tensor cores.
+// Decode attention (head_dim 256 = 8 values per lane), gated output (MODEL.md), bf16 or FP8 KV cache.
+//   prep_kernel     a warp per head: q/k RMS norm, partial RoPE, KV cache append.
+//   split_kernel    one block per (row, KV head, slice of the context): the G <= 8 query heads of the KV head
+//                   share every K/V tile (GQA packing) as the rows of one m16n8k16 tile; online softmax; the
+//                   warps' partials fold into one per head.
+//   combine_kernel  merges the slices' partials of a (row, head) and applies the sigmoid output gate.
+// Slices per (row, KV head): one wave of blocks over the SMs, at most 64 (attention_splits). Rows of spans of
+// k_attn_prefill_min_rows or more are skipped here: attention_prefill.cu does those.
+// Why fast: at short context attention is a latency chain, so the key tiles of earlier steps (fixed while the step
+// runs) are requested before the PDL wait, while prep runs, and each kernel's position, weights and rotation are
+// found before its wait; at long context the split kernel is bound by the KV bytes (tensor cores, not FMAs).
+// Measured figures and rejected variants (a fused prep, 3-stage tiles, more slices): docs/PERF.md.
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -198,39 +195,32 @@ __device__ __forceinline__ int split_len(int len, int n_splits) {
     return max(k_min_split, (len + n_splits - 1) / n_splits);
 }
 
-// One block per (token, KV head, slice of the context), on tensor cores (v4): the G <= 8 query heads of the KV
+// One block per (token, KV head, slice of the context), on tensor cores: the G <= 8 query heads of the KV
 // head are the rows of one m16n8k16 tile, each head twice: bf16(q) in row g and bf16(q - bf16(q)) in row g + 8,
 // so that S = Q K^T sums both halves in the same thread (~16-bit q at no extra mma). Key tiles of BN positions
 // (cp.async, double-buffered) are split over BN/16 warps, 16 keys each: S for those keys, an online softmax in
 // base 2, P rounded to bf16 as the A operand of O += P V (V through ldmatrix.trans), as attention_prefill does.
 // The warps' partials fold through shared memory into one per head for the combine kernel.
-// v3 (one warp per position, fp32 FMAs, a warp reduction per head and position) was bound by instruction issue:
-// ~350 instructions per position and KV head, 1.2 TB/s of KV cache at 128K on an H200.
-// v5: the tiles cover only the keys of earlier steps (positions < n_past), so they are requested before the PDL
-// wait, while prep runs; the keys of this step in the slice (the row's own, and those of earlier rows of its span:
-// prep appends them) are read from the cache after the wait and their contributions computed in fp32 as one more
-// partial of the fold. H200 (A/B, one session): 2K 618 -> 628 tok/s, 128K 436.5 -> 440.4.
-// v6: prep finds its position, loads its norm weights and computes the rotation before its PDL wait (after it:
-// one L2 round trip and arithmetic, where the position's row -> sequence -> n_past loads and then inv_freq were
-// four dependent ones), the split kernel requests the row's own K/V with q, the combine finds its position before
-// the wait: 2K 628 -> 646 tok/s, 128K 440 -> 451.
-// (Tried, docs/experiments: the split kernel doing prep's work for its rows, one launch less per layer: every
-// block norms and rotates its 8 query heads and the last slice's block this step's keys, on the critical path;
-// first form 25 us alone instead of 11 (2K 618 -> 588 tok/s), with weights and rotation before the wait and one
-// round trip for the activations still 628 -> 622: prep runs hidden behind the key tiles' DRAM latency.
-// Key tiles through 3 stages instead of 2: 2K 628 -> 623, 128K 440 -> 438.)
+// (One warp per position with fp32 FMAs is bound by instruction issue: ~350 instructions per position and KV
+// head.) The tiles cover only the keys of earlier steps (positions < n_past), so they are requested before the
+// PDL wait, while prep runs; the keys of this step in the slice (the row's own, and those of earlier rows of its
+// span: prep appends them) are read from the cache after the wait and their contributions computed in fp32 as one
+// more partial of the fold. Prep finds its position, loads its norm weights and computes the rotation before its
+// PDL wait (after it: one L2 round trip and arithmetic, not the row -> sequence -> n_past -> inv_freq chain of
+// dependent loads); the split kernel requests the row's own K/V with q; the combine finds its position before the
+// wait. (Measured, not kept, docs/PERF.md: this kernel doing prep's work, one launch less per layer, puts the
+// norms and rotations on every block's critical path where prep runs hidden behind the key tiles' DRAM latency;
+// key tiles through 3 stages instead of 2 gain nothing.)
 template <int G, int BN, bool KV8>
 struct split_cfg {
     // WARPS do the math, 16 keys of a tile each. With an FP8 cache as many again join in the copies and the
     // E4M3 -> fp16 conversion: with one warp per scheduler (and per-unit index arithmetic) the conversion ran
-    // latency-bound (Nsight Compute, H200: 107 us per layer at 128K, 4.1 cycles per issued instruction; 74 us
-    // with both fixed).
+    // latency-bound (by the source counters; measured: docs/PERF.md).
     static constexpr int WARPS = BN / 16, THREADS = (KV8 ? 2 : 1) * WARPS * 32, LD = DH + 8;
     static constexpr int ALL_WARPS = THREADS / 32, HEADS_PER_WARP = (8 + ALL_WARPS - 1) / ALL_WARPS;  // Q rows 0-7
-    // an FP8 cache: 3 raw tiles in flight beside the one being converted (2 measured the same, 74-75 us per
-    // layer at 128K on the H200: the math phase, ~2.3 us per 64-key tile with one math warp per scheduler,
-    // bounds the kernel with either cache; converter warps that double-buffer the fp16 tiles meanwhile were
-    // slower still, 80 us, branch wip/kv8-pipe)
+    // an FP8 cache: 3 raw tiles in flight beside the one being converted (2 measured the same: the math phase,
+    // ~2.3 us per 64-key tile with one math warp per scheduler, bounds the kernel with either cache; converter
+    // warps that double-buffer the fp16 tiles meanwhile were slower still: docs/PERF.md)
     using tiles = kv_tiles<KV8, DH, THREADS, BN, 4>;
     // sQ [16][LD] 16-bit | this step's keys' partial: acc [G][DH], max [G], sum [G] fp32 | the K/V tiles; after
     // the loop the K/V space holds the fold's partials
@@ -354,8 +344,8 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
     v_reference vref;               // KV8: O's units
     const bool math = warp < C::WARPS;  // the other warps (FP8 cache) only copy and convert tiles
     // Q's A fragments stay in registers for the whole slice (64 registers): they are the same for every tile, and
-    // reloading them put an ldmatrix latency in front of every Q K^T mma (Nsight Compute, H200: short-scoreboard
-    // stalls on those mma, with one math warp per scheduler to hide them)
+    // reloading them puts an ldmatrix latency in front of every Q K^T mma (short-scoreboard stalls on those mma in
+    // the source counters, with one math warp per scheduler to hide them)
     uint32_t qa[DH / 16][4];
     for (int kt = 0; kt < n_tiles; kt++) {
         const uint16_t* st = kv.next(kt);  // tile kt (and Q) visible to all; tile kt+1 on its way
@@ -452,7 +442,7 @@ __global__ void __launch_bounds__(split_cfg<G, BN, KV8>::THREADS) split_kernel(c
 }
 
 // Partials per thread held in registers; the rest are read after the weights' barrier. (A 2K context has 33
-// slices, the step's own position making 2049+: all 64 in registers measured slightly slower, docs/experiments.)
+// slices, the step's own position making 2049+: all 64 in registers measured slightly slower, docs/PERF.md.)
 constexpr int k_combine_regs = 32;
 
 // Merges the splits of one (token, head): the (max, sum) pairs go through shared memory once, then each
@@ -510,10 +500,10 @@ int attention_splits(int rows, int kv_heads) {
     if (f > 0) return f;
     // A split block takes 148-220 KB of shared memory: one per SM. A batch's rows share the SMs, so each takes
     // fewer, longer slices: more key tiles per block instead of further waves of one-tile blocks, each wave paying
-    // the PDL wait, Q staging, fold and partial stores again (H200, batch 16 at 2K: 64 slices of one tile per
-    // (row, KV head) were 2048 blocks, 16 waves).
-    // note: at most 64 for one row: 256 for long contexts measured slower on the H200 (128K: 215 -> 200 tok/s;
-    // more partials to write and fold, no gain in streaming)
+    // the PDL wait, Q staging, fold and partial stores again (batch 16 at 2K: 64 slices of one tile per
+    // (row, KV head) would be 2048 blocks, 16 waves).
+    // note: at most 64 for one row: 256 for long contexts measured slower (more partials to write and fold, no
+    // gain in streaming; docs/PERF.md)
     constexpr int k_most = 64;
     static const int sms = [] {
         int n = 0, dev = 0;

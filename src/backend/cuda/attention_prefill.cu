@@ -1,25 +1,15 @@
 // Causal flash attention for the rows of long spans (prompt processing), FlashAttention-2 style, on tensor cores.
-// v1: one CTA of 4 warps per (tile of 64 query rows of one span, query head); each warp owns 16 rows. The Q tile
-//     is converted fp32 -> bf16 into shared memory once; the CTA walks key tiles of 64 from position 0 up to the
-//     tile's last position: S = Q K^T and O += P V with mma.sync m16n8k16 (bf16 in, fp32 accumulate; operands
-//     through ldmatrix, V through ldmatrix.trans), online softmax in fp32 registers (exp2 with the 1/sqrt(dh)
-//     scale folded into log2(e)), P rounded to bf16 in registers as the A operand of P V (as the reference
-//     does, MODEL.md §3). K and V have one buffer each, loaded with cp.async and staggered (FA2): K of the next
-//     tile streams in during P V, V of the next during the next Q K^T. Causal masking only on the (at most
-//     two) key tiles that reach past the tile's first position; key tiles past its last position are never
-//     loaded. Epilogue: O / l * sigmoid(gate), the combine kernel's arithmetic.
-//     smem: (64 + 64 + 64) rows x (dh + 8) bf16 = 99 KB at dh 256: two CTAs per SM on sm_90 (one on sm_80).
-//     ptxas (dh 256): 247 registers on sm_90, 241 on sm_80, no spills. Not yet measured on the GPU.
-//     note: a CTA per query head, not per KV head with its G query heads: the O accumulator of 16 rows x 256
-//     is already 128 registers per thread, so a CTA cannot keep G heads' O; the G CTAs of a group read the
-//     same K/V tiles at the same pace (head is the fastest grid index), so the repeats are L2 hits.
-// v2: L2 bandwidth bound, not tensor-core bound: each CTA read 64 KB of K/V from L2 per key tile for 4 MFLOP
-//     (64 rows), ~5 TB/s of L2 traffic at the measured ~310 TFLOP/s at 128K. A CTA now takes the same 64-row
-//     tile of HPC = 2 query heads of one KV group (8 warps; each warp one head's 16 rows), so every K/V tile
-//     it loads serves twice the FLOPs, and K/V are double buffered (tile kt+1 streams in during the whole of
-//     tile kt: one barrier per tile instead of four). smem at dh 256: (128 + 4 x 64) rows x 528 B = 198 KB, one
-//     CTA (8 warps) per SM on sm_90. Smaller devices, or an odd number of query heads per KV head, take
-//     HPC = 1 and/or key tiles of 32 (the launcher picks the largest that fits; tests force each).
+// One CTA per (tile of 64 query rows of one span, HPC query heads of one KV group); each warp owns one head's 16
+// rows. S = Q K^T and O += P V on mma.sync m16n8k16 (bf16 in, fp32 accumulate; V through ldmatrix.trans), online
+// softmax in fp32 registers (exp2, the 1/sqrt(dh) scale folded into log2(e)), P rounded to bf16 as the A operand
+// of P V (as the reference does, MODEL.md §3). Key tiles walk from position 0 to the tile's last position, double
+// buffered by cp.async (one barrier per tile); causal masking only on the tiles that reach past the tile's first
+// position. Epilogue: O / l * sigmoid(gate), the combine kernel's arithmetic. A CTA per query-head pair, not per
+// KV group: 16 rows x 256 of O is already 128 registers per thread.
+// Why fast: at long prompts the kernel is bound by L2 traffic, not the tensor cores, so HPC = 2 heads share each
+// K/V tile (twice the FLOPs per byte loaded); the G/HPC CTAs of a group read the same tiles at the same pace
+// (head is the fastest grid index): L2 hits. smem at dh 256: 198 KB, one CTA per SM on sm_90; smaller devices or
+// an odd group take HPC = 1 and/or key tiles of 32 (the largest that fits; tests force each).
 #include <atomic>
 #include <cmath>
 #include <cstdint>

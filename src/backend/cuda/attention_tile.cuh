@@ -61,14 +61,14 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
 // times sc[r] * inv_ref (a power of two <= 1: exact unless the product falls below fp16's normal range, i.e.
 // below 2^-15 of the tile's largest scale). One cvt per two values (and one HMUL2 with scales): the first FP8
 // kernels dequantised to bf16 through fp32 (~3 instructions per value) and ran 128K decode slower than the
-// bf16 cache (H200: 290 vs 324 tok/s).
+// bf16 cache (docs/PERF.md).
 template <int DH, int THREADS, int BN>
 __device__ __forceinline__ void convert_kv8_tile(uint16_t* dst, const uint8_t* raw, const float* sc, float inv_ref) {
     constexpr int UNITS = DH / 8;             // 8 codes -> one 16-byte store
     constexpr int ROWS = THREADS / UNITS;     // rows per pass
     static_assert(THREADS % UNITS == 0 && BN % ROWS == 0, "whole rows per pass");
-    // note: each thread's (row, column) and pointers are fixed up front and advance by constants; the first
-    // version recomputed them per unit, and the index arithmetic outnumbered the conversions (Nsight Compute)
+    // note: each thread's (row, column) and pointers are fixed up front and advance by constants: recomputed per
+    // unit, the index arithmetic outnumbers the conversions (by the source counters)
     const int r0 = threadIdx.x / UNITS, c = (threadIdx.x % UNITS) * 8;
     const uint8_t* src = raw + r0 * DH + c;
     uint16_t* out = dst + r0 * (DH + 8) + c;

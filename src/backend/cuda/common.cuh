@@ -128,7 +128,7 @@ __device__ __forceinline__ float nibble_to_half_plus(uint32_t word, uint32_t byt
 // note: 4-bit codes are summed as 32 (1/2 + q/32) x - 16 x: one byte_perm and one FFMA per weight instead of a
 // conversion, an FADD and an FFMA. The cancellation costs ~4 bits: ~2e-5 relative on a chunk's sum.
 // note: two accumulators (even / odd values) halve the dependent FFMA chain: the decode kernels are bound by
-// instruction latency with 8 warps per SM (Nsight Compute: "wait" stalls), not by the FFMA count.
+// instruction latency with 8 warps per SM ("wait" stalls in the source counters), not by the FFMA count.
 template <dfmt F>
 __device__ __forceinline__ float chunk_dot(const uint4& c, const float* x, float sx) {
     const uint32_t w[4] = {c.x, c.y, c.z, c.w};
@@ -188,7 +188,7 @@ __device__ __forceinline__ float inv_rms_of_parts(const float* red, int64_t K, f
 // Loads one input row of K floats into registers the way the "x-stationary" kernels want it: lane l gets chunks
 // l, l+32, ... (CH floats each, optionally RMS-normalised with weights nw), plus each chunk's sum. note: read
 // straight from global memory, lane l's chunk sits 32*CH*4 bytes from its neighbour's, so every load touched 32
-// cache lines (v3 of the GEMV lost most of its time there); the block stages the row through shared memory with
+// cache lines (where a GEMV that read it so lost most of its time); the block stages the row through shared memory with
 // coalesced loads instead, padded by 4 floats per chunk so that the 16-byte reads of 8 lanes (one LDS.128
 // phase) fall in distinct banks. smem holds (K/CH) * (CH+4) floats. The norm takes the same pass: x * nw is
 // staged while the warps' parts of sum x^2 go to `red` (32 floats), and each lane scales its chunks by 1/rms

@@ -323,8 +323,8 @@ class cuda_backend final : public backend {
         // [router; shared_expert_gate] rows -> logits [T, E+1], always ~fp32 (GEMV, or the precise GEMM): bf16
         // inputs move router logits by ~1e-3 relative, enough to swap the 8th and 9th expert of some tokens, which
         // changes those tokens' outputs by O(1) and makes prompt processing disagree with decode.
-        // A decode batch (<= 16 rows) takes the fp32 GEMV: the router is 0.5 MB, and the precise GEMM's tiles took
-        // 54 us for it at 16 rows (Nsight Compute, H200) against a few for the GEMV.
+        // A decode batch (<= 16 rows) takes the fp32 GEMV: the router is 0.5 MB, and the precise GEMM's tiles take
+        // an order of magnitude longer for it at 16 rows (measured: docs/PERF.md).
         for (const auto& part : md.router.parts) {
             const gemv_segment seg{logits + (part.members[0] == 0 ? 0 : E), E + 1, 0};
             if (T <= k_gemv_max_norm_rows)
@@ -665,7 +665,7 @@ class cuda_backend final : public backend {
     // From this many rows on (prompts, decode batches of 17+), matrix products run on the tensor-core GEMMs
     // (fp16 or split-bf16 inputs, fp32 accumulation) and read each weight once for all rows; below it, the
     // decode kernels (dense rows in groups of 8 on tensor cores, experts per token). At 16 rows the decode
-    // kernels measured 1,034 tok/s against the GEMMs' 897 (H200, docs/PERF.md session 5).
+    // kernels measured faster than the GEMMs (docs/PERF.md).
     static constexpr int k_gemm_min_rows = 17;
     static constexpr size_t k_min_batch_tables = 512;
     // SwiGLU outputs (the down projections' inputs) are where large activations live: scaled by 2^-4 before the

@@ -1,15 +1,14 @@
-// Gated DeltaNet kernels (dk = 128: 4 warps x 32 key rows; 32 value columns per block, one per lane).
-// v1: tokens of a span are processed in order inside the block (the decode recurrence; prefill of a span is
-//     correct but sequential until the chunked form lands). The conv state is double-buffered by step parity so
-//     blocks that share key heads can all read the old window while its owner writes the new one. ~1-2 us per
-//     token and layer (est.; 5 barriers and the conv's 4 dependent loads per token): 2K-token prompts ~100 ms.
-// v2: spans of more than k_gdn_recur_max_rows rows go to gdn_prefill.cu (a parallel prep of conv, norms and
-//     gates, then a scan with the state in registers, no barrier per token); this kernel keeps decode and skips
-//     them. Target < 0.2 us per token and layer on H200 for long spans.
-// v3: one barrier per token instead of five: the L2 norms are scalars applied after the dots (S^T k and S^T q of
-//     raw q, k in one pass over the old state, o = alpha S^T q^ + (k^.q^) delta), a warp reads back only its own
-//     rows of q and k; the first token's conv terms over the state window and the gate constants load before
-//     the PDL wait.
+// Gated DeltaNet decode recurrence (MODEL.md §4.2-4.6) and the gated RMS norm.
+//   recur_kernel       per (span, value head, 32 value columns): dk = 128 = 4 warps x 32 key rows, one value
+//                      column per lane, the fp32 state slice in registers; the tokens of a span in order
+//                      (decode and spans of <= k_gdn_recur_max_rows rows; longer ones go to gdn_prefill.cu).
+//                      One barrier per token: the L2 norms are scalars applied after the dots (S^T k and S^T q of
+//                      raw q, k in one pass over the old state, o = alpha S^T q^ + (k^.q^) delta).
+//   gated_norm_kernel  out = rms_norm(o) * w * silu(z) per value head.
+// The conv state is double-buffered by step parity, so blocks that share key heads all read the old window while
+// its owner writes the new one. Why fast: what needs nothing from the projections (the state, the first token's
+// conv terms over the window, the gate constants) loads before the PDL wait, and the new conv window is held in
+// registers, so the kernel ends on its state stores (a load after them would wait an L2 round trip).
 #include <climits>
 
 #include "backend/cuda/common.cuh"

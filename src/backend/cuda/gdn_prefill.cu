@@ -1,32 +1,15 @@
-// Gated DeltaNet for prompt processing (MODEL.md §4.2-4.6), the path gdn_forward (gdn.cu) takes for spans of
-// more than k_gdn_recur_max_rows rows. fp32 (the chunked form's matrix products in 3xTF32, near-fp32). The conv,
-// SiLU, norms and gates are bit-identical to recur_kernel in gdn.cu; the token scan (v1) differs from it only
-// in summation order, the chunked form (v2, the default) computes the same recurrence in the chunk-parallel
-// form of MODEL.md §4.7.
-// v1 (gdn v2): two kernels.
-//  1. prep_kernel, one block of 128 threads per (8 rows, unit), unit = a key head (its 128 q and 128 k channels)
-//     or 128 v channels; fully parallel. Causal conv (K = 4) over the raw rows, the first K-1 rows of a span
-//     taking their window from its conv state (parity meta[1]&1), then SiLU; q^ = q rsqrt(|q|^2 + 1e-6)/sqrt(dk)
-//     and k^ = k rsqrt(|k|^2 + 1e-6) -> work; v -> p.o in place (the scan reads v[t,h,j] from the address it
-//     then writes o[t,h,j] to, in the same block); beta = sigmoid(b), alpha = exp(-exp(A_log) softplus(a +
-//     dt_bias)) -> work as [Hv, T, 2] (contiguous per head for the scan); the span's last K-1 raw rows -> the
-//     other parity buffer (decode reads it once advance_seqs has flipped the parity).
-//  2. scan_kernel, one block of 4 warps per (span, value head, 32 value columns). The state slice S[:, 32 cols]
-//     (dk = 128 rows) lives in registers: lane l of warp w holds key rows 32(l%4) .. +31 of column 8w + l/4.
-//     Per token: u = S^T k^ (32 FMAs, 2 shuffles over the lane's 4-lane group), delta = beta (v - alpha u),
-//     S = alpha S + k^ delta^T, o = S^T q^ (32 FMAs, 2 shuffles, reduced while the next token's u is): no
-//     shared-memory reduction and no barrier per token. Chunks of 32 tokens of q^, k^, v, (beta, alpha) are
-//     staged into shared memory by cp.async, double-buffered (2 x 41.2 KB), two barriers per chunk; staged
-//     k^/q^ rows are padded to 36 floats per 32-row quarter so the 4 quarters' LDS.128 hit distinct banks.
-//     Grid for the real shape: 32 heads x 4 column blocks = 128 blocks per long span, 512 warps: one per SM
-//     sub-partition of an H200 (132 SMs); 32 columns per block because narrower blocks only add copies of
-//     the staged k^/q^ (1.3 KB per token per block) without adding warps, wider ones would leave SMs idle.
-//     Expected: ~180 instructions per lane and token (SASS); one warp per sub-partition makes it latency-bound
-//     (LDS -> u dot -> 2 shuffles -> delta -> update) at ~230-260 cycles: ~0.12 us per token and layer for
-//     one prompt, less per token with several long spans in the batch (2 blocks per SM hide each other).
-//     note: 2 columns x 16 rows per lane would halve the k^/q^ reads from shared memory (if LDS.128
-//     broadcasts turn out to be the limit) at the cost of a longer shuffle chain; the next step beyond that
-//     is the chunked tensor-core form (MODEL.md §4.7), below.
+// Gated DeltaNet for prompt processing (MODEL.md §4.2-4.6): the path gdn_forward (gdn.cu) takes for spans of
+// more than k_gdn_recur_max_rows rows. fp32 throughout (the chunked form's matrix products in 3xTF32, ~2^-20
+// relative); the conv, SiLU, norms and gates are bit-identical to gdn.cu's recur_kernel.
+//   prep_kernel                      causal conv + SiLU, q/k L2 norms, beta and alpha per row: fully parallel.
+//   chunk_kernel, chunk_scan_kernel  the default: the chunk-parallel form of MODEL.md §4.7 (64-row chunks): the
+//                                    intra-chunk products and Tinv = (I + L)^-1 in parallel, then one scan over
+//                                    the chunks with the state slice in mma accumulators.
+//   scan_kernel                      the token scan (gdn_params::chunked = false, or GPUs without 154 KB of shared
+//                                    memory per block): the decode recurrence, differing only in summation order.
+// Why fast: the chunked form moves the recurrence's per-token FMAs onto tensor cores (3xTF32 split by masking,
+// unrolled k loops: constant shared-memory offsets); the token scan holds its state slice in registers with no
+// barrier per token. Measured figures: docs/PERF.md.
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
@@ -73,6 +56,13 @@ __device__ __noinline__ float conv_span_head(const float* qkv, const float* conv
     return acc;
 }
 
+// prep_kernel, one block of 128 threads per (8 rows, unit), unit = a key head (its 128 q and 128 k channels) or
+// 128 v channels; fully parallel. Causal conv (K = 4) over the raw rows, the first K-1 rows of a span taking their
+// window from its conv state (parity meta[1]&1), then SiLU; q^ = q rsqrt(|q|^2 + 1e-6)/sqrt(dk) and
+// k^ = k rsqrt(|k|^2 + 1e-6) -> work; v -> p.o in place (the scan reads v[t,h,j] from the address it then writes
+// o[t,h,j] to, in the same block); beta = sigmoid(b), alpha = exp(-exp(A_log) softplus(a + dt_bias)) -> work as
+// [Hv, T, 2] (contiguous per head for the scan); the span's last K-1 raw rows -> the other parity buffer (decode
+// reads it once advance_seqs has flipped the parity).
 template <int K>
 __global__ void __launch_bounds__(DK) prep_kernel(const gdn_params p, int min_rows) {
     constexpr int P = K - 1;
@@ -218,6 +208,17 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// scan_kernel (the token scan), one block of 4 warps per (span, value head, 32 value columns). The state slice
+// S[:, 32 cols] (dk = 128 rows) lives in registers: lane l of warp w holds key rows 32(l%4) .. +31 of column
+// 8w + l/4. Per token: u = S^T k^ (32 FMAs, 2 shuffles over the lane's 4-lane group), delta = beta (v - alpha u),
+// S = alpha S + k^ delta^T, o = S^T q^ (32 FMAs, 2 shuffles, reduced while the next token's u is): no
+// shared-memory reduction and no barrier per token. Chunks of 32 tokens of q^, k^, v, (beta, alpha) are staged
+// into shared memory by cp.async, double-buffered (2 x 41.2 KB), two barriers per chunk; staged k^/q^ rows are
+// padded to 36 floats per 32-row quarter so the 4 quarters' LDS.128 hit distinct banks. Grid for the real shape:
+// 32 heads x 4 column blocks = 128 blocks per long span, 512 warps, one per SM sub-partition (132 SMs); 32 columns
+// per block because narrower blocks only add copies of the staged k^/q^ without adding warps, wider ones would
+// leave SMs idle. ~180 instructions per lane and token (SASS); latency-bound (LDS -> u dot -> 2 shuffles -> delta
+// -> update) with one warp per sub-partition.
 __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params p, int min_rows) {
     extern __shared__ float4 smem_[];
     float* smem = reinterpret_cast<float*>(smem_);
@@ -300,7 +301,7 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params 
 
 // ------------------------------------------------------------------------------------------------ chunked
 
-// v2 (gdn v3): the chunk-parallel form (MODEL.md §4.7, the CPU twin's cpu::delta_rule_chunked), chunks of
+// The chunk-parallel form (the default; MODEL.md §4.7, the CPU twin's cpu::delta_rule_chunked), chunks of
 // CC = 64 rows from each span's start (as the twin cuts them). The matrix products run on the tensor cores in
 // 3xTF32 (mma.cuh: ~2^-20 relative per product; the tests hold it to fp32 tolerances); the recurrences in fp32.
 //  3. chunk_kernel, one block of 256 threads per (chunk, value head, span), fully parallel: gamma (cumulative

@@ -1,26 +1,15 @@
-// Tensor-core GEMM with weights dequantised in the kernel (see gemm.cuh).
-// v1: CTA tile 64 rows x 128 W rows x 64 k, 8 warps of 32 x 32 (mma.sync m16n8k16 bf16 -> fp32, operands via
-//     ldmatrix from padded shared memory), two shared-memory stages fed through registers: the global loads of
-//     k-tile i+1 are in flight while the tensor cores work on tile i, then the thread converts (A: fp32 ->
-//     bf16) or dequantises (W: q * scale + bias in fp32, rounded once to bf16) into the other stage; one
-//     barrier per k-tile. Every thread owns 32 consecutive values of one W row per k-tile (one 16-byte load
-//     for 4-bit weights) and 4 float4 of A. k-tile = 64 = the checkpoint's group size, so a row needs one
-//     (scale, bias) word per k-tile. swiglu interleaves gate and up rows (tile column 2f = gate f, 2f + 1 =
-//     up f) so that each thread's accumulator pair is (gate, up) of one feature.
-// v1b: `precise` splits both operands into bf16 hi + lo parts (three products), for the router (whose top-8
-//     must not differ from the decode path's) and for users who want fp32-faithful prompt processing.
-//     H200, synthetic 35B, 2K prompt: 19.8k tok/s with bf16 operands, 11.1k precise.
-// v1c: the fast mode takes fp16 operands instead of bf16 (same speed, 2^-11 instead of 2^-9 relative rounding:
-//     bf16 fell short of the CPU-agreement bounds on random-weight models, top-1 ~95%); activations are scaled
-//     by a power of two per call site (the MoE down projection's SwiGLU inputs by 2^-4) and clamped, so a
-//     large activation saturates rather than overflowing.
-// v2 (fast mode): the v1 loop kept one k-tile in flight through registers and converted A in every CTA that read
-//     it (64 times for an 8192-column projection); H200 ncu: 100-160 TFLOP/s, load-path bound. Now A arrives as
-//     fp16 (to_f16 once per call, or the swiglu epilogue writing the down projection's input directly) and both
-//     A and the raw W words stream into shared memory by cp.async through a 4-stage ring (3 k-tiles in flight);
-//     each k-tile's W is dequantised smem -> smem one step ahead of the tensor cores, one barrier per k-tile.
-//     smem for 4-bit W: 4 x (9 KB A + 4.5 KB W words) + 2 x 18 KB dequantised W = 90 KB: two CTAs per SM.
-//     precise mode keeps v1 (fp32 A, split on the way in).
+// Tensor-core GEMM with weights dequantised in the kernel (see gemm.cuh): prompt processing's projections and
+// grouped experts. mma.sync m16n8k16 -> fp32; k-tile = 64 = the checkpoint's group size (one scale/bias per row
+// and k-tile); swiglu interleaves gate and up rows so a thread's accumulator pair is (gate, up) of one feature.
+//   gemm_fast_kernel     fp16 operands (A converted once by to_f16_kernel, or written as fp16 by the SwiGLU
+//                        epilogue), A and raw W words by cp.async through a 3-4 stage ring, W dequantised
+//                        smem -> smem one k-tile ahead of the tensor cores; 64-row tiles (experts) or 128-row
+//                        tiles (dense: halves the shared-memory reads per FLOP). sm_90 takes sm90/gemm_wgmma.cu.
+//   gemm_precise_kernel  both operands as bf16 hi + lo, three products (~fp32): the router (its top-8 must match
+//                        decode's) and `--gemm precise`.
+// fp16, not bf16, in fast mode: 2^-11 relative rounding (bf16 missed the CPU-agreement bounds); activations are
+// scaled by a power of two per call site and saturate rather than overflow. Why fast: the kernel is bound by its
+// shared-memory load path, so the ring keeps it fed and each A tile is converted once, not per CTA.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -71,7 +60,7 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[MI][4][4], const uint16_t
         for (int ni = 0; ni < 4; ni++) mma_16816<F16>(acc[mi][ni], a[mi], b[ni / 2][2 * (ni % 2)], b[ni / 2][2 * (ni % 2) + 1]);
 }
 
-// ------------------------------------------------------------------------------------------------ fast (v2)
+// ------------------------------------------------------------------------------------------------ fast
 
 // BMT rows per CTA: 64 (grouped experts, small M) or 128 (dense, many rows: each warp then holds 64 x 32
 // accumulators, which halves the shared-memory reads and the W dequantisation per FLOP; ncu at 64 rows: L1/smem
@@ -179,7 +168,7 @@ __global__ void __launch_bounds__(k_threads, 2) gemm_fast_kernel(const gemm_para
     store_tile<EPI, MI>(p, acc, row0, rows, wm, wn, lane, 1.0f / p.a_scale);  // a_scale: a power of two, exact
 }
 
-// ------------------------------------------------------------------------------------------------ precise (v1)
+// ------------------------------------------------------------------------------------------------ precise
 
 // Both operands as bf16 hi + lo and three products (hi hi, lo hi, hi lo; bf16 weights are exact and need only
 // the first two): ~fp32 accuracy for 2-3x the tensor work. Two shared-memory stages fed through registers.

@@ -1,38 +1,15 @@
-// GEMV kernels.
-// v1: a warp splits into 32/L subgroups of L lanes; each subgroup owns R consecutive rows and walks their
-//     16-byte chunks (lane stride L), keeping the input chunk in registers across the R rows. Affine formats
-//     use y = sum_g scale_g * (sum q x) + bias_g * (sum x). H200, synthetic 35B, batch 1: 1.5 TB/s on lm_head,
-//     0.24 TB/s on the fused projections (a serial per-block norm prologue), 128 blocks only for 2048 rows.
-// v2: the norm prologue is one parallel round trip; 4-bit codes dequantise as (1 + q/16) (one byte_perm + one
-//     FFMA per weight, common.cuh); each lane issues the loads of U=2 chunks x R rows before computing; R
-//     (rows per subgroup) shrinks for small matrices so that the grid still fills the GPU. H200: fused
-//     projections 35 us (0.4 TB/s), o_proj 12.7 us, lm_head 207 us (1.4 TB/s): the input chunk re-read from L1
-//     for every few rows costs 8x the weight bytes.
-// v3: for one input row, gemv_xs_kernel keeps x in registers and walks rows; v2 remains for T > 1.
-// v4: v3's weights stream through a shared-memory ring (gemv_stream_kernel, stream.cuh) instead of registers,
-//     16 warps per SM. H200 (Nsight Compute, one launch): fused DeltaNet projections 14.9 -> 14.0 us, o_proj
-//     9.1 -> 8.4 us, router 7.3 -> 5.8 us. Still not at the bandwidth: with the bytes all in flight the kernels
-//     are bound by instruction issue (~3.3 instructions per 4-bit weight in the dot loop; "wait", "not
-//     selected" and "math pipe throttle" stalls), so 8 warps per SM were slower (380 vs 416 tok/s).
-// v5: gemv_mma_kernel, the dot products on tensor cores (mma_dot.cuh), input rows as the mma's B columns (up to
-//     16 per pass where their staged x fits, else passes of 8). H200: a decode batch of 4 went from 369 to 805 tok/s (the v2 kernel re-read
-//     the weights per 4 rows with little parallelism), 16 from 858 (GEMMs) to 1,071. With one input row it
-//     measured slower than v4 (298 vs 418 tok/s): the k-split, fold and tile copies cost ~45 instructions per
-//     mma (Nsight Compute source counters), so T == 1 stays on v4 (mma_family, gemv.cuh).
-// v6: v4 with two rows per warp at a time where tiles hold 32 rows (4-bit rows of K <= 2048: 3 slots of 32 rows
-//     instead of 6 of 16): half the per-row and per-tile instructions outside the dot products, which were half
-//     of the projection's instructions (Nsight Compute source counters). H200: 2K decode 416 -> 422 tok/s.
-// v7: fast mode, 4-bit rows: the input as two-level int8 (xq.cuh), dot products on dp4a (~0.9 instead of ~2.4
-//     instructions per weight), the RMS norm and the staging in one pass; with MoE gate/up and down the same
-//     (moe.cu). H200: 2K decode 424 -> 545 tok/s, 128K 330 -> 399.
-// v8: those rows stream per warp (gemv_warp_kernel: each warp its own rows and ring, no tile barriers), which
-//     replaced v7's block ring. H200: 2K 549 -> 556 tok/s, 128K 400 -> 405.
-// v9: the router tap (gemv_router_tap): an output projection's per-warp kernel also sums the MoE router's logits
-//     over its 16 rows per block (64-bit fixed-point atomics), which removes the router's launch (moe.cu v9).
-// v10: 2..16 input rows on tensor cores per warp (gemv_mma_warp_kernel): A fragments straight from global memory
-//     into registers, no ring and no tile barriers; 16 rows of K = 4096 in one launch. H200, batch 16 (2K):
-//     1,971 -> 2,176 tok/s; batch 4: 1,120 -> 1,309. Then its staging with 8 rows' loads in flight (not one row's):
-//     batch 16 2,175 -> 2,255; and the router's GEMV (gemv_kernel) normalising only its block's rows: 2,175 -> 2,218.
+// GEMV: y[t] = W x[t] for a few input rows t (decode steps, small batches), W of 4-bit / 8-bit affine or bf16
+// rows (y = sum_g scale_g (q . x)_g + bias_g sum_g x), x optionally RMS-normalised in the prologue. gemv() picks:
+//   gemv_warp_kernel      one row, 4-bit, fast mode: x as two-level int8 (xq.cuh), dp4a dots; each warp streams
+//                         its own rows through a private cp.async ring (no tile barriers); optional router tap.
+//   gemv_stream_kernel    one row, other formats: whole-row tiles through a block ring (stream.cuh), x in registers.
+//   gemv_mma_warp_kernel  2..16 rows, 4-bit: mma.m16n8k16 with the input rows as B columns, so a weight is
+//                         dequantised once per step for the batch; A fragments go from global memory to registers.
+//   gemv_mma_kernel       the ring form on tensor cores, for shapes the per-warp plan does not take.
+//   gemv_kernel           the general fallback (8-bit router batches, precise mode): warp subgroups walk rows.
+// Why fast: decode is a chain of small launches bound by latency, not bytes. Weights (independent of the previous
+// kernel) are requested before the PDL wait; after it, what counts is the number of dependent L2 round trips and
+// instructions per weight. Measured figures and rejected variants: docs/PERF.md.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -50,7 +27,7 @@ namespace {
 constexpr int k_warps = 4, U = 2;
 
 // note: nw is passed by reference with a flag, never as a pointer: taking its address would move it to local
-// memory (the v2 build showed 128-byte stack frames until this).
+// memory (128-byte stack frames in the SASS).
 template <dfmt F>
 __device__ __forceinline__ float load_x_chunk(float (&xv)[chunk_values<F>()], const float* x,
                                               const float (&nw)[chunk_values<F>()], bool norm, float scale, bool f16) {
@@ -162,10 +139,10 @@ __global__ void __launch_bounds__(k_warps * 32) gemv_kernel(const gemv_params p,
     }
 }
 
-// T == 1, the decode hot path (v4). Lane l multiplies the chunks l, l+32, ... of every row, so the input row
-// is normalised and held in registers once (v3); the weights stream through a shared-memory ring of tiles of
-// whole rows (stream.cuh), queued before the kernel waits for its input: v3 loaded them into registers, a few
-// KB per warp per round trip, which held every decode GEMV to 0.5-1 TB/s.
+// T == 1 for rows that gemv_warp_kernel does not take. Lane l multiplies the chunks l, l+32, ... of every row,
+// so the input row is normalised and held in registers once; the weights stream through a shared-memory ring of
+// tiles of whole rows (stream.cuh), queued before the kernel waits for its input (loading them into registers
+// instead keeps only a few KB per warp in flight).
 int64_t gemv_slot_bytes(const dmat& W, int64_t rows) {
     return align16(rows * W.row_words() * 4) + align16(rows * W.n_groups() * 4);
 }
@@ -267,8 +244,8 @@ void launch_stream_as(const gemv_params& p, const stream_plan& pl, cudaStream_t 
 // Inputs in <= 64 registers per lane: where a slot of a 3-slot ring holds 32 rows (4-bit rows of K <= 2048), tiles
 // of 32 rows, two rows per warp (a 14 MB projection's whole share per SM in flight, as 6 slots of 16 rows, with
 // half the per-tile and per-row overhead: the K = 2048 projections spent half their instructions outside the dot
-// products; H200: 2K decode 416 -> 422 tok/s); else (8-bit or bf16 rows, fewer rows) a 6-slot ring of tiles of
-// one row per warp, as measured before. Wider inputs (K = 4096 at 4 bits): 8 warps (255 registers each), tiles of
+// products; measured: docs/PERF.md); else (8-bit or bf16 rows, fewer rows) a 6-slot ring of tiles of one row
+// per warp. Wider inputs (K = 4096 at 4 bits): 8 warps (255 registers each), tiles of
 // 8 rows, one per warp, 3 slots (a block's ~16 rows).
 template <dfmt F, int CPL>
 void launch_stream(const gemv_params& p, cudaStream_t stream) {
@@ -283,7 +260,7 @@ void launch_stream(const gemv_params& p, cudaStream_t stream) {
     }
 }
 
-// ---- One input row of 4-bit rows in fast mode (v8): per-warp rows and rings, as MoE gate/up (moe.cu v8). Warp
+// ---- One input row of 4-bit rows in fast mode: per-warp rows and rings, as MoE gate/up (moe.cu). Warp
 // gw (of NW) owns rows gw, gw + NW, ... and streams them through its own S-row ring in shared memory (queued
 // before the PDL wait: weights only), waiting only for its own rows (cp.async groups, __syncwarp): no tile
 // barriers, a row is used as soon as it lands. One barrier stages the int8 input (xq.cuh).
@@ -410,8 +387,8 @@ void launch_warp(const gemv_params& p, int slots, cudaStream_t stream) {
     }
 }
 
-// ---- 4-bit weights on tensor cores (v5): mma_dot.cuh does the dot products for 1..16 input rows; the weight
-// tiles stream through the ring as in v4 (rows padded in shared memory), the K units of a tile's 16-row blocks
+// ---- 4-bit weights on tensor cores through the ring: mma_dot.cuh does the dot products for 1..16 input rows;
+// the weight tiles stream through the ring as gemv_stream_kernel's (rows padded in shared memory), the K units of a tile's 16-row blocks
 // are split over the warps and folded through shared memory.
 constexpr int k_mma_threads = 512;
 // plan_stream's largest tile (the fold area is sized for it): 64 rows for one input row; 16 (one mma row block)
@@ -559,10 +536,9 @@ void launch_mma(const gemv_params& p, cudaStream_t stream) {
         launch_mma_ring<3>(p, nkc, mma_budget_wide(p.T), stream);
 }
 
-// ---- Several input rows (2..16) of 4-bit rows on tensor cores, per warp from global memory (v10). The ring
-// kernel above (v5) spent a 16-row tile's time in its barriers and fold: at a batch of 16 it took 31.6 us for a
-// 14 MB projection (0.45 TB/s) and out_proj (K = 4096, where 16 rows' x does not fit beside the ring) two 8-row
-// launches of 13.7 us (H200, decode-step timeline). Here a warp takes (16-row block, k-chunk) items and loads
+// ---- Several input rows (2..16) of 4-bit rows on tensor cores, per warp from global memory. The ring kernel
+// above spends a 16-row tile's time in its barriers and fold, and at K = 4096 16 rows' x does not fit beside its
+// ring (two 8-row launches). Here a warp takes (16-row block, k-chunk) items and loads
 // its A fragments straight from global memory into registers, a step of k_mw_step 64-column blocks ahead of the
 // one it multiplies (the first two before the PDL wait: weights only); the block's barriers are the staging's
 // and, with several k-chunks, the one before the fold. Lane (g, c) loads words 2c, 2c+1 of a 64-column block of
@@ -574,8 +550,7 @@ constexpr int k_mw_threads = 512, k_mw_step = 4;
 // The T rows of x for gemv_mma_warp_kernel: row t at s_hi + t * xs (fp16, rounded as the fast GEMM's operands;
 // within a word the values permuted as stage_x_mma's, each 64-column block's words in the order 0 2 4 6 1 3 5 7)
 // and the sums of each 64-column block's rounded values at s_sum[16 b + t]; x * s_inv[t] * nw with nw. The loads
-// of 8 rows are in flight together (one L2 round trip per row, as stage_x_mma per row, took ~1 us each at 16
-// rows). K % 64 == 0. No barrier.
+// of 8 rows are in flight together (not one L2 round trip per row, as stage_x_mma). K % 64 == 0. No barrier.
 __device__ __forceinline__ void stage_x_pairs(uint16_t* s_hi, int64_t xs, float* s_sum, const float* x, int64_t ldx,
                                               int T, const float* nw, const float* s_inv, int64_t K) {
     constexpr int RT = 8;
@@ -868,8 +843,7 @@ void launch(const gemv_params& p, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-// T == 1 stays on the CUDA-core kernels (the tensor-core ones measured slower: docs/PERF.md, session 5); a
-// decode batch's 2..16 rows share one dequantisation on tensor cores.
+// T == 1 stays on the CUDA-core kernels (the tensor-core ones measured slower: docs/PERF.md); a decode batch's 2..16 rows share one dequantisation on tensor cores.
 constexpr unsigned k_mma_default_families = mma_gemvn;
 
 unsigned parse_mma_families(const char* v) {
@@ -938,7 +912,7 @@ void gemv(const gemv_params& p, cudaStream_t stream) {
     TANSY_CHECK(!p.norm_w || p.T <= k_gemv_max_norm_rows, "gemv: norm prologue with T=%d", p.T);
     TANSY_CHECK(p.n_seg >= 1 && p.n_seg <= 4 && p.seg[0].row0 == 0, "gemv: %d segments", p.n_seg);
     if (p.W.rows == 0) return;
-    if (const mma_warp_plan pl = plan_mma_warp(p); pl.blocks > 0) {  // 2..16 rows on tensor cores (v10)
+    if (const mma_warp_plan pl = plan_mma_warp(p); pl.blocks > 0) {  // 2..16 rows on tensor cores, per warp
         launch_mma_warp(p, pl, stream);
         CUDA_CHECK_LAUNCH();
         return;

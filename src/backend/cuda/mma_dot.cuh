@@ -1,6 +1,6 @@
 // 4-bit rows times one or more input vectors on tensor cores (device code), for the decode GEMV and the MoE.
 // Why: the CUDA-core dot costs ~3.3 instructions per 4-bit weight (byte_perm + FFMA + nibble extraction), which
-// bounds the decode kernels (docs/PERF.md, session 4). Here mma.sync m16n8k16 does the multiply-adds: a warp
+// bounds the decode kernels (docs/PERF.md). Here mma.sync m16n8k16 does the multiply-adds: a warp
 // takes 16 rows x 32 columns per "unit"; lane (g, c) = (lane/4, lane%4) loads word c of the unit in rows g and
 // g+8, and one LOP3 + HSUB2 (or HFMA2) turns nibbles (n, n+4) of a word into an exact fp16 pair: the A
 // fragments of two k-steps (q4_pairs). x is stored permuted per 8 values as x0 x4 x1 x5 x2 x6 x3 x7 (the order
@@ -9,8 +9,6 @@
 // into fp16 hi + lo (two mma per k-step; lo is stored times 2^11 and accumulated apart, which keeps it out of
 // fp16's subnormals); fast mode's x is already fp16 (lo = 0, skipped). Per group of columns:
 // y += scale * C + bias * sum(x). tools/check_gemv_mma_layout.py checks the fragment layout on the CPU.
-// Shared-memory tiles: rows of codes padded by 16 bytes (the 8 rows of one fragment load fall in distinct banks),
-// scale/bias rows padded by one word.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -20,6 +18,8 @@
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/mma.cuh"
 
+// Shared-memory tiles: rows of codes padded by 16 bytes (the 8 rows of one fragment load fall in distinct banks),
+// scale/bias rows padded by one word.
 namespace tansy::cuda {
 
 __host__ __device__ inline int64_t mma_row_bytes(int64_t rw) { return rw * 4 + 16; }
@@ -63,8 +63,8 @@ __device__ __forceinline__ void q4_fragments(uint32_t w0, uint32_t w1, uint32_t 
 
 // nr rows of n units each (u-byte units: 16 or 4) from contiguous src into dst rows `stride` bytes apart, with
 // the whole block. Each thread walks its (row, unit) pairs incrementally in 32-bit arithmetic: a 64-bit division
-// per 16 bytes (the first version) cost ~100 instructions per copy and made the copy, not the dot, the bulk of
-// the kernels' instructions (Nsight Compute, H200).
+// per 16 bytes costs ~100 instructions per copy and would make the copy, not the dot, the bulk of the kernels'
+// instructions.
 template <int U>
 __device__ __forceinline__ void copy_rows_padded(char* dst, int64_t stride, const char* src, int nr, int n) {
     const int bd = blockDim.x, dr = bd / n, dc = bd % n;

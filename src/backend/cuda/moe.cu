@@ -1,35 +1,15 @@
-// MoE kernels.
-// v1: top-k one warp per token; gate/up one block per (token, slot, row tile); down walks the k+1 slots per
-//     output row. H200, synthetic 35B, batch 1 (per layer): top-k 19 us (serial global loads), gate/up 60 us
-//     (a serial per-block norm), down 20 us (the slots' loads one after another).
-// v2: top-k holds the logits in registers; gate/up normalises with one parallel round trip and gives each
-//     subgroup R=2 rows of gate and up (8 loads in flight per lane); down spreads the (slot, chunk) pairs of a
-//     row over the warp's lanes so every slot's weights are in flight at once. H200: gate/up 33 us, down 16 us.
-// v3: gate/up keeps the normalised input in registers and walks (slot, row) pairs (as gemv_xs_kernel).
-// v4: top-k selects with two warp reductions (redux.sync) per round instead of 2 x 5 shuffles, and on the
-//     decode path runs inside gate/up (every block of a token computes it; block 0 stores it for down).
-// v5: gate/up and down stream their weight tiles through a shared-memory ring (stream.cuh), 16 warps per SM;
-//     gate/up's first tile, when it is the shared expert's, streams before the router finishes. H200 (Nsight
-//     Compute, one launch): down 12.4 -> 10.6 us; gate/up unchanged at ~18.5 us (the top-k round trip before
-//     the routed experts' loads stays on its critical path).
-// v7 (after the tensor-core v6 below): fast mode takes x and h as two-level int8 (xq.cuh) into dp4a dot products.
-// v8: in fast mode gate/up and down stream per warp (gate_up_warp_kernel, down_warp_kernel): each warp its own
-//     rows and ring, no tile barriers, routing read (top-k) in every warp; the block-ring kernels (v5) keep the
-//     other cases. H200: gate/up 2K 546.7 -> 549.2 tok/s, 128K 399.2 -> 400.8, batch 4 920 -> 963; down 2K
-//     556.7 -> 561.8, 128K 405.5 -> 408.0, batch 4 959 -> 981. (Even per-block shares through the block ring
-//     instead, 4 tiles per block: 546 -> 494, more serial consume rounds.)
-// v9: one decode token takes its routing from the router tap (gemv.cuh: the output projection's GEMV sums the
-//     router logits of its rows in fixed point): no router launch; gate/up selects on the unnormalised logits
-//     (same ranking) before staging x, and down zeroes them for the next layer. H200: 2K 558.5 -> 584.9 tok/s,
-//     128K 407.0 -> 420.0. (Also tried: gate/up and down as one kernel split over the intermediate dimension,
-//     docs/PERF.md session 10: with a fixed-order grid reduction at the end 534.6 -> 491.0; with fp32 atomics
-//     instead +1.6% but decode then differs between runs.)
-// v10: the per-warp kernels' ring copies without generic loops: down's 16-byte pieces per lane come from
-//     descriptors computed once (mostly before the PDL wait), gate/up's codes are CPL unrolled copies, and down
-//     loads its old x a row ahead. H200: 2K 586 -> 606 tok/s, 128K 420 -> 430, batch 16 1,633 -> 1,871.
-// v11: the router tap's selecting warp runs the top-k rounds as a loop (topk.cuh, warp_topk_select_lane): the
-//     unrolled rounds were ~12 KB of straight-line code that one warp fetched at every layer while the other
-//     warps waited at the staging barrier (the kernel: 8,440 -> 3,192 SASS instructions). H200 2K: 683 -> 718 tok/s.
+// MoE block for decode tokens: routing (top-k of the router's logits), gate/up with SwiGLU into h, then down,
+// x[t] += sum_j w_j down_j h_j over the k routed experts and the shared expert (weight sigmoid(shared gate)).
+// Per token, gate/up reads k+1 (gate, up) row sets and down k+1 row segments per output row: ~16 MB a layer.
+//   gate_up_warp_kernel, down_warp_kernel  fast mode, 4-bit rows, int8 inputs (xq.cuh, dp4a): each warp owns
+//       rows gw, gw + NW, ... and streams them through its own cp.async ring (no tile barriers); every warp
+//       reads the routing itself. One token takes its routing from the router tap (gemv.cuh): no router launch,
+//       one warp selects on the raw logits beside the staging; down zeroes the tap for the next layer.
+//   gate_up_stream_kernel, down_stream_kernel  other formats: tiles through a block ring (stream.cuh).
+//   gate_up_mma_kernel, down_mma_kernel  tensor-core forms (off by default, mma_family); gate_up_kernel, topk_kernel
+//       the general fallback. Prompts take the grouped GEMM instead (moe_grouped.cu, gemm.cu).
+// Why fast: the shared expert's rows need no routing and are requested before the PDL wait; copy descriptors are
+// computed once per kernel, so a row costs a few predicated 16-byte copies. Measured figures: docs/PERF.md.
 #include <algorithm>
 #include <climits>
 
@@ -209,7 +189,7 @@ __device__ __forceinline__ void gate_up_start(int n, Tile&& tile, Issue&& issue,
     cp_async_commit();  // group 0: tile 0, wherever it was issued
 }
 
-// T tokens x (k+1) slots x F rows of (gate, up) pairs (v5): grid (blocks per token, T). A token's tiles of rows
+// T tokens x (k+1) slots x F rows of (gate, up) pairs: grid (blocks per token, T). A token's tiles of rows
 // (shared expert first, then its k experts) stream through the shared-memory ring (stream.cuh); the block holds
 // the normalised input in registers (lane l: chunks l, l+32, ...) and each warp takes rows of the tile. The top-k
 // runs in every block of the token (cheaper than a launch); block 0 stores it for down. Requires F == Fs and
@@ -277,7 +257,7 @@ __global__ void __launch_bounds__(k_stream_threads)
     });
 }
 
-// gate/up with per-warp rows (v8; fast mode, 4-bit rows, int8 inputs): warp w of block b owns the token's rows
+// gate/up with per-warp rows (fast mode, 4-bit rows, int8 inputs): warp w of block b owns the token's rows
 // v = gw, gw + NW, ... (gw = b * warps + w, NW warps per token; v < F: the shared expert's row v, else expert
 // slot v / F, row v % F) and streams them through its own ring of k_gu_warp_slots rows in shared memory: it
 // waits only for its own rows (cp.async groups and __syncwarp), so a row is used as soon as it lands, no block
@@ -317,8 +297,8 @@ __global__ void __launch_bounds__(k_stream_threads)
         // a row's codes are exactly CPL 16-byte pieces per lane (D = 1024 CPL): unrolled, no copy loop
 #pragma unroll
         for (int c = 0; c < CPL; c++) cp_async16(s + 512 * c, g + 512 * c), cp_async16(s + code + 512 * c, u + 512 * c);
-        // both scale/bias rows in one predicated copy per lane, not two warp_copy_async loops (H200 2K decode
-        // 543 -> 559 tok/s, batch 4 936 -> 982, back to adf1ec9's figures)
+        // both scale/bias rows in one predicated copy per lane, not two warp_copy_async loops (measured: the
+        // loops are much slower, docs/PERF.md)
         const int half = (int)(sbb / 16);
         if (lane < 2 * half) {
             const bool up = lane >= half;
@@ -334,8 +314,8 @@ __global__ void __launch_bounds__(k_stream_threads)
     xq_chunk xc[CPL];
     int gi[CPL];
     if constexpr (!TAP) {
-        // (every warp selects here: the batch path, where one selecting warp beside the staging measured slower,
-        // batch 16 2,001 -> 1,982 tok/s on the H200, as its routed rows then wait for the staging)
+        // (every warp selects here: on the batch path one selecting warp beside the staging measured slower, as
+        // its routed rows then wait for the staging)
         int chosen[k_max_topk];
         float wt[k_max_topk];
         warp_topk(route.logits + t * route.ld, route.bias, m.E, m.k, chosen, wt);
@@ -352,9 +332,9 @@ __global__ void __launch_bounds__(k_stream_threads)
         // the last warp: the staging takes a word of 8 values per thread, so at D <= 8 * 32 (W - 1) (D = 2048:
         // warps 0-7) the last warp stages nothing and its selection runs beside the staging's loads.
         // note: with every warp selecting, 16 warps x ~580 instructions shared an SM's 4 schedulers before any
-        // routed row was requested (~1.2 us at one token, by the SASS; one warp alone takes ~0.35 us: H200 2K
-        // 646.9 -> 651.7 tok/s). With warp 0 selecting, its staging loads waited for its selection: the barrier
-        // came two L2 round trips after the wait (tap, then x) instead of one (H200 2K: 674.4 -> 680.5 tok/s).
+        // routed row was requested (~1.2 us at one token, by the SASS; one warp alone takes ~0.35 us). With warp 0
+        // selecting, its staging loads waited for its selection: the barrier came two L2 round trips after the
+        // wait (tap, then x) instead of one.
         constexpr int sel = W - 1;
         __shared__ int s_ids[k_max_topk];
         auto logit = [&](int e) { return (float)(long long)route.tap[e * k_tap_stride] * (1.0f / k_tap_logit_scale); };
@@ -410,11 +390,11 @@ __global__ void __launch_bounds__(k_stream_threads)
     });
 }
 
-// gate/up on tensor cores (v6): as gate_up_stream_kernel, but the dot products go through mma_dot.cuh (the
+// gate/up on tensor cores: as gate_up_stream_kernel, but the dot products go through mma_dot.cuh (the
 // gemv_mma_kernel scheme): a ring slot holds the same 16 rows of W_gate and W_up (padded), the warps split
-// (matrix, 16-row block, k-chunk) items and fold through shared memory. H200: correct, but slower than v5
-// (24.4 vs 18.6 us per launch at one token; 387 vs 418 tok/s), as the one-row GEMV on tensor cores is: off
-// by default (mma_family, gemv.cuh), kept as the base for cutting its per-mma overhead.
+// (matrix, 16-row block, k-chunk) items and fold through shared memory. Correct, but measured slower than the
+// CUDA-core kernels at one token, as the one-row GEMV on tensor cores is (docs/PERF.md): off by default
+// (mma_family, gemv.cuh), kept as the base for cutting its per-mma overhead.
 constexpr int k_gu_mma_threads = 512, k_gu_mma_ring = 3;
 constexpr int64_t k_gu_mma_ring_budget = 160 * 1024;  // 3 slots of 16 (gate, up) rows at D = 2048: 112 KB
 
@@ -493,7 +473,7 @@ int64_t down_slot_bytes(const dmat& W, int slots, int64_t rows) {
     return slots * (align16(rows * W.row_words() * 4) + align16(rows * W.n_groups() * 4));
 }
 
-// grid: (blocks per token, T) (v5). Tiles of output rows stream through the ring, each holding those rows of all
+// grid: (blocks per token, T). Tiles of output rows stream through the ring, each holding those rows of all
 // k+1 slots' down matrices; one warp per output row, whose (k+1) x (F/CH) (slot, chunk) pairs are spread over the
 // lanes; the token's activations h sit in shared memory. x[t] += sum_j w_j down_j h_j. Requires F == Fs.
 template <dfmt F>
@@ -548,7 +528,7 @@ __global__ void __launch_bounds__(k_stream_threads)
     // A row's (k+1) x (F/CH) (slot, chunk) pairs, U per lane at once (all 144 of a 4-bit row in one round).
     // Where they sit in a slot, their input sums and slot weights are the same for every row: computed once when
     // one round covers a row. (Per row, a 64-bit division and a 32-value input sum per pair made this kernel
-    // instruction-bound at 16 tokens: 57.7 M warp instructions per launch, Nsight Compute, H200.)
+    // instruction-bound at 16 tokens.)
     constexpr int U = 5;
     struct pair_ref {
         int seg, code, sb, xo;  // byte offsets of the slot's segment and of the chunk in a row; sb word; s_h offset
@@ -606,7 +586,7 @@ __global__ void __launch_bounds__(k_stream_threads)
     });
 }
 
-// down with per-warp rows (v8; fast mode, 4-bit rows, int8 h), as gate_up_warp_kernel: warp gw (of NW) owns
+// down with per-warp rows (fast mode, 4-bit rows, int8 h), as gate_up_warp_kernel: warp gw (of NW) owns
 // output rows gw, gw + NW, ... and streams each row's k+1 segments (the slots' down rows: codes, then scale/bias
 // words) through its own ring; every warp reads the routing itself; one barrier stages h. x[t] += sum_j w_j
 // down_j h_j. Requires F == Fs, F % 32 == 0.
@@ -630,8 +610,8 @@ __global__ void __launch_bounds__(k_stream_threads)
     pdl_trigger();
     // A ring row is the k+1 segments back to back, each its codes then its scale/bias words: lane's 16-byte
     // piece u of it (q = lane + 32 u) is read from src[u] + (output row) * (codes or scale/bias row stride).
-    // Computed once (the generic per-segment copy loops took ~78 instructions per segment, 61% of the kernel's
-    // instructions at 16 tokens: Nsight Compute source counters, H200), what needs no routing before the wait.
+    // Computed once (generic per-segment copy loops cost ~78 instructions per segment, most of the kernel's
+    // instructions at 16 tokens, by the source counters), what needs no routing before the wait.
     const int pps = seg / 16, pieces = ns * pps;
     const char* src[k_dn_copy_pieces];
     int slot_of[k_dn_copy_pieces];    // the piece's slot j (its expert's first row is added after the wait)
@@ -708,7 +688,7 @@ __global__ void __launch_bounds__(k_stream_threads)
     });
 }
 
-// down on tensor cores (v6; like gate/up v6, correct but slower than v5: 14.5 vs 10.6 us per launch at one
+// down on tensor cores (like gate_up_mma_kernel, correct but measured slower than the CUDA-core kernels at one
 // token, so off by default): a ring slot holds the same 16 output rows of all k+1
 // slots' down matrices (padded); the token's k+1 activation rows are staged as permuted fp16 (times 1/16, the
 // fast grouped GEMM's scaling, which also keeps large activations inside fp16); warps split (16-row block, slot,

@@ -1,7 +1,7 @@
 // MoE for many rows (prompt processing): routing plan and combine around the grouped GEMM (moe.cuh).
-// v1: one CTA builds the plan (shared-memory histogram, warp scan, atomics for the positions: the order of
-//     slots inside an expert's block is arbitrary, which changes nothing since every GEMM row is computed on
-//     its own); the combine sums each token's k expert rows and the shared expert in a fixed order.
+// One CTA builds the plan (shared-memory histogram, warp scan, atomics for the positions: the order of slots
+// inside an expert's block is arbitrary, which changes nothing since every GEMM row is computed on its own);
+// the combine sums each token's k expert rows and the shared expert in a fixed order (deterministic).
 #include <algorithm>
 
 #include "backend/cuda/moe.cuh"

@@ -1,5 +1,5 @@
-// RMSNorm kernels.
-// v1: one block per row, 8 bf16 (16 bytes) per load, fp32 sum of squares reduced over the block.
+// RMSNorm of bf16 rows: one block per row, 8 bf16 (16 bytes) per load, fp32 sum of squares reduced over the
+// block.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/norm.cuh"
 

@@ -1,7 +1,7 @@
 // Weight tiles streamed through a shared-memory ring (device code; included by the decode kernels).
 // Why: a decode GEMV that loads weights into registers keeps only a few KB per warp in flight and waits a full
-// DRAM round trip per round; at 2-14 MB per kernel that capped every decode kernel at 0.5-1 TB/s (Nsight
-// Compute, H200). cp.async copies into shared memory cost no registers, so a block queues all the tiles of its
+// DRAM round trip per round; at 2-14 MB per kernel that caps a decode kernel at 0.5-1 TB/s (docs/PERF.md).
+// cp.async copies into shared memory cost no registers, so a block queues all the tiles of its
 // share up to the ring size (~80 KB per SM) at once, before it even waits for the previous kernel (PDL).
 //
 // Protocol (one block): ring_start issues tiles 0..S-2, each as its own cp.async group; ring_run, for each tile
@@ -14,7 +14,7 @@
 namespace tansy::cuda {
 
 // One block per SM. 16 warps where the registers allow (<= 128 per thread): the kernels are bound by instruction
-// latency, and 8 warps per SM (2 per scheduler) left the issue slots 70% idle (Nsight Compute, H200).
+// latency, and 8 warps per SM (2 per scheduler) leave the issue slots mostly idle (by the source counters).
 constexpr int k_stream_threads = 512;
 constexpr int k_stream_threads_wide = 256;  // for inputs held in > 64 registers per lane
 
@@ -34,7 +34,7 @@ __device__ __forceinline__ void block_copy_async(void* dst, const void* src, int
 
 // Copies `bytes` (a multiple of 16, both ends 16-byte aligned) with the 32 lanes of a warp, 16 bytes per cp.async
 // (gemv_warp_kernel's ring). note: the MoE per-warp kernels issue fixed per-lane copies instead; there this loop
-// cost 3-5% (docs/PERF.md, sessions 10 and 11), while the same change in gemv_warp_kernel measured slower.
+// costs 3-5% (docs/PERF.md), while the same change in gemv_warp_kernel measured slower.
 __device__ __forceinline__ void warp_copy_async(void* dst, const void* src, int bytes) {
     for (int i = 16 * (int)(threadIdx.x % 32); i < bytes; i += 16 * 32)
         cp_async16(static_cast<char*>(dst) + i, static_cast<const char*>(src) + i);
@@ -123,8 +123,8 @@ inline int sm_count() {
 // byte of a typical decode kernel is requested at once. note: with that ring and 16 warps of <= 128 registers
 // a block fills its SM (registers, and shared memory for a second block), so the next kernel's blocks are
 // placed as this kernel's blocks exit: its weight prefetch before pdl_wait overlaps this kernel's tail, not
-// all of it. (8 warps per SM would leave room for both, but lose more to instruction latency: 380 vs 416
-// tok/s.) Tiles hold a multiple of the warp count of rows when they can, and are small enough that `blocks`
+// all of it. (8 warps per SM would leave room for both, but lose more to instruction latency: measured,
+// docs/PERF.md.) Tiles hold a multiple of the warp count of rows when they can, and are small enough that `blocks`
 // blocks all get one; at most max_rows. slot_bytes_of(rows) gives a slot's size for that many rows (16-byte aligned).
 template <int S, class SlotBytes>
 stream_plan plan_stream(int64_t rows, int64_t blocks, size_t fixed_smem, int threads, SlotBytes&& slot_bytes_of,

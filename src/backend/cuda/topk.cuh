@@ -76,10 +76,8 @@ __device__ __forceinline__ void warp_topk_select(uint32_t (&v)[k_topk_per_lane],
 // The same selection with lane j < k ending with the j-th choice (its id and logit + bias) and the rounds as a
 // loop: one round's code instead of k_max_topk unrolled rounds, so that the one selecting warp of a decode MoE
 // block (gate_up_warp_kernel's router tap) fetches ~0.5 KB of instructions, not ~12 KB straight through while the
-// other warps wait for it at the staging barrier (that kernel: 8,440 -> 3,192 SASS instructions).
-// note: H200 synthetic 35B batch 1, 2K: 683.1 -> 717.9 tok/s (3 alternating rounds); a merge network instead
-// (per-lane bitonic sort + 5 butterfly merges, docs/experiments/select-merge.patch) 715.9, and no selection at all
-// (ablation, wrong routing) 755.9.
+// other warps wait for it at the staging barrier (that kernel: ~3.2K SASS instructions instead of ~8.4K).
+// note: a merge network instead (per-lane bitonic sort + 5 butterfly merges) measured no faster (docs/PERF.md).
 template <int PL>
 __device__ __forceinline__ void warp_topk_select_lane_pl(uint32_t (&v)[k_topk_per_lane], int k, int& my_id,
                                                          float& my_val) {

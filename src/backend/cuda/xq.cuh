@@ -1,24 +1,23 @@
 // Decode inputs as two-level int8 for 4-bit weights (device code; fast mode, one input row on CUDA cores).
 // Why: with x in fp32 a 4-bit weight costs a byte_perm and an FFMA (chunk_dot<q4>, ~2.4 instructions per weight
-// with the unpacking), and the decode kernels are bound by instruction issue and latency, not bytes (PERF.md,
-// session 8: gate/up's dot products alone cost 3.7 us of its 15.3 per layer). With x as int8 a word of 8 codes
-// takes two LOP3 and four dp4a (hi and lo parts of the even and odd values): ~0.9 instructions per weight.
+// with the unpacking), and the decode kernels are bound by instruction issue and latency, not bytes
+// (docs/PERF.md). With x as int8 a word of 8 codes takes two LOP3 and four dp4a (hi and lo parts of the even and
+// odd values): ~0.9 instructions per weight.
 //
 // Numerics: each 32-value chunk (one 16-byte chunk of 4-bit codes) is x_i ~= step * (h_i + l_i / 254) with
 // step = max|x| / 127 and h_i, l_i in [-127, 127]: the error is at most max|x| / 64516 per value, below the
 // fp16 rounding the fast mode already applies to every value within a factor 30 of its chunk's largest.
 // The chunk's sum (for the affine bias) is taken from the unquantised values.
-//
-// Staging layout in shared memory, n chunks (xq_stage_bytes): 4 planes of n uint4 -- the h parts of the even
-// values (plane 0) and odd values (1), the l parts of the even (2) and odd (3) values; chunk c's words k = 0..3
-// (values 8k..8k+7) at plane + c -- then n floats of step / (254 * 16), then n chunk sums. Lane-consecutive
-// chunks read consecutive 16 bytes: no bank conflicts.
 #pragma once
 #include "backend/cuda/common.cuh"
 
 #if defined(__CUDACC__)
 namespace tansy::cuda {
 
+// Staging layout in shared memory, n chunks (xq_stage_bytes): 4 planes of n uint4 -- the h parts of the even
+// values (plane 0) and odd values (1), the l parts of the even (2) and odd (3) values; chunk c's words k = 0..3
+// (values 8k..8k+7) at plane + c -- then n floats of step / (254 * 16), then n chunk sums. Lane-consecutive
+// chunks read consecutive 16 bytes: no bank conflicts.
 __host__ __device__ inline int64_t xq_stage_bytes(int64_t n_chunks) { return n_chunks * (64 + 8); }
 
 // One staged chunk in registers.

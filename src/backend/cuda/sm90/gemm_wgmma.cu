@@ -1,18 +1,15 @@
 // Hopper (sm_90a) form of the fast-mode GEMM for 4-bit weights: the same contract, tiles, cp.async ring and
-// epilogues as gemm_fast_kernel (gemm.cu), with the products on wgmma instead of mma.sync. Built into an object
-// library compiled for sm_90a only (CMakeLists.txt); gemm() takes it on compute capability 9.0 unless
-// TANSY_GEMM_WGMMA=0.
-// v1: 256 threads = two warpgroups. A (fp16 activations) and the dequantised W tile sit in shared memory in the
-//     128-byte-swizzled K-major layout wgmma reads through matrix descriptors (a row of 64 fp16 = 128 bytes;
-//     16-byte chunk c of row r stored at chunk c ^ (r % 8), atoms of 8 rows = 1024 bytes, 1024-byte aligned),
-//     so neither operand goes through registers (mma.sync's ldmatrix traffic and fragment shuffles are gone).
-//     128-row tiles only: warpgroup g takes tile rows 64g .. 64g+63 against all 128 W rows (m64n128k16, 64
-//     accumulators per thread). Per k-tile (64): wait for the ring, fence the generic-proxy writes (cp.async, the
-//     dequantised W) for the async proxy, one barrier, issue the next k-tile's copies, four wgmma on the
-//     descriptors advanced by 32 bytes per k16, commit; dequantise the next k-tile's W while they run; wait.
-//     Shared memory: 3 x 21 KB ring + 2 x 16 KB dequantised W (96 KB): two CTAs per SM.
-//     H200, synthetic 35B (PERF.md session 6): 8K prompt +4.8% over mma.sync, 128K 8.97 -> 8.71 s. 64-row
-//     tiles (m64n64k16 per warpgroup, the experts at 2K) were slower than mma.sync, so they stay on mma.sync.
+// epilogues as gemm_fast_kernel (gemm.cu), with the products on wgmma instead of mma.sync. Built for sm_90a only
+// (CMakeLists.txt); gemm() takes it on compute capability 9.0 unless TANSY_GEMM_WGMMA=0. 128-row tiles only
+// (64-row tiles, m64n64k16, measured slower than mma.sync: they stay there).
+// 256 threads = two warpgroups; warpgroup g takes tile rows 64g .. 64g+63 against all 128 W rows (m64n128k16, 64
+// accumulators per thread). A (fp16) and the dequantised W tile sit in shared memory in the 128-byte-swizzled
+// K-major layout wgmma reads through matrix descriptors (16-byte chunk c of row r at chunk c ^ (r % 8), atoms of
+// 8 rows = 1024 bytes, 1024-byte aligned), so neither operand goes through registers. Per k-tile (64): wait for
+// the ring, fence the generic-proxy writes (cp.async, the dequantised W) for the async proxy, one barrier, issue
+// the next k-tile's copies, four wgmma on descriptors advanced by 32 bytes per k16, commit; dequantise the next
+// k-tile's W while they run; wait. Shared memory: 3 x 21 KB ring + 2 x 16 KB dequantised W (96 KB): two CTAs per
+// SM. Why fast: no ldmatrix traffic or fragment shuffles, and the dequantisation overlaps the tensor cores.
 #include <cstdint>
 
 #include "backend/cuda/gemm_tile.cuh"
