@@ -15,7 +15,7 @@ threads=${THREADS:-}; [ -z "$threads" ] && [ "$backend" = cpu ] && threads=1
 export DSC_TANSY=${TANSY:-build-dev/bin/tansy} DSC_BACKEND=$backend DSC_MODEL=${MODEL:-models/tiny-chat-q4} \
   DSC_PROMPT=${PROMPT:-Write a haiku about rain.} DSC_N=${N:-32} DSC_THREADS=$threads
 [ -x "$DSC_TANSY" ] || { echo "device-serve-check: FAIL: no $DSC_TANSY (build it first)"; exit 2; }
-ldd "$DSC_TANSY" 2>/dev/null | grep -E 'httplib|libssl|libcrypto|libz|brotli' | sed 's/^[[:space:]]*/ldd: /'
+ldd "$DSC_TANSY" 2>/dev/null | grep -E 'not found|pcre2|utf8proc' | sed 's/^[[:space:]]*/ldd: /'
 exec python3 - <<'EOF'
 import json, os, re, subprocess, sys, threading, time, urllib.error, urllib.request
 

@@ -1,5 +1,5 @@
 // How fast can one decode kernel's worth of weight tiles reach shared memory? A probe for the decode kernels'
-// loading scheme (docs/PERF.md, session 8): every block of a one-block-per-SM grid pulls its share of B bytes
+// loading scheme (docs/PERF.md): every block of a one-block-per-SM grid pulls its share of B bytes
 // (block-strided 16 KB segments, as the decode kernels' ring tiles) into shared memory, then touches one word of
 // each segment. Three ways: per-thread cp.async of 16 bytes (what stream.cuh does now), one TMA bulk copy per
 // segment completing on an mbarrier (cp.async.bulk, sm_90), and plain 16-byte loads into registers. Each launch

@@ -230,7 +230,7 @@ int cmd_bench_serve(int argc, char** argv) {
     if (bo.steps < 1 || bo.runs < 1) fail("bench --serve: --engine-steps and --engine-runs must be >= 1");
     bo.kv_fp8 = so.engine.backend_opt.kv_fp8;
     if (!http_available())
-        fail("bench --serve: this tansy was built without cpp-httplib (install libcpp-httplib-dev and rebuild)");
+        fail("bench --serve: this tansy was built without its HTTP server (install libasio-dev and rebuild)");
 
     const std::string tok_dir = so.engine.model_dir.empty() ? default_model_dir() : so.engine.model_dir;
     const tokenizer tok = tokenizer::load(tok_dir + "/tokenizer.json");

@@ -47,7 +47,7 @@ class forward_pass {
     gdn_mode gdn = gdn_mode::auto_select;
     tap_fn tap;
     // Rows per forward step of prefill(): the activation workspace is sized by it (~270 KB a row on the real
-    // model). 8192 rather than 4096: +5% prefill speed on the H200 (fuller expert tiles), and the engine with a
+    // model). 8192 rather than 4096: faster prefill on the H200 (fuller expert tiles; docs/PERF.md), and the engine with a
     // 128K context still fits in 23.6 GiB (docs/PERF.md).
     static constexpr int64_t DEFAULT_PREFILL_CHUNK = 8192;
     int64_t prefill_chunk = DEFAULT_PREFILL_CHUNK;

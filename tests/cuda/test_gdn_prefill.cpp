@@ -23,7 +23,7 @@ namespace {
 // chunked form (MODEL.md §4.7); the GPU in the chunked form too (by default: an explicit inverse of I + L where
 // the CPU substitutes, other summation orders, matrix products in 3xTF32 at ~2^-20 relative per product) or
 // token by token. The CPU's two forms differ by <= 6.3e-7 on these steps; on the H200 the worst step was 1.16e-6
-// (chunked) and 8.4e-7 (token scan) over the four head shapes tested (session 6), so 5e-6 is ~4x the worst seen.
+// (chunked) and 8.4e-7 (token scan) over the four head shapes tested, so 5e-6 is ~4x the worst seen.
 // The update is a contraction: the state's error does not grow with span length.
 constexpr double TOL_GDN_PREFILL = 5e-6;
 // The chunked form's long spans against the decode kernel's token-by-token steps (check_against_decode): another

@@ -1,6 +1,6 @@
 // Served speed measurement: `tansy serve --synthetic` (random weights of a config.json behind the bundled
 // tokenizer, sampling over the whole vocabulary) and `tansy bench --serve` (the streaming load generator),
-// on the CPU backend with tiny configs. Skipped when tansy is built without cpp-httplib.
+// on the CPU backend with tiny configs. Skipped when tansy is built without its HTTP server (no Asio headers).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -88,7 +88,7 @@ TEST(serve_synthetic, ignore_eos_is_parsed) {
 // A chat completion from a synthetic model whose vocabulary is 16x the tokenizer's: sampling covers every id,
 // and the tokens beyond the tokenizer come back as U+FFFD instead of failing the request.
 TEST(serve_synthetic, serves_ids_beyond_the_tokenizer) {
-    if (!http_available()) GTEST_SKIP() << "built without cpp-httplib";
+    if (!http_available()) GTEST_SKIP() << "built without the HTTP server (no Asio headers)";
     serve_options o;
     o.engine.threads = 1;
     o.synthetic.config = big_vocab_config();
@@ -150,7 +150,7 @@ TEST(serve_synthetic, serves_ids_beyond_the_tokenizer) {
 }
 
 TEST(serve_synthetic, bench_serve_json) {
-    if (!http_available()) GTEST_SKIP() << "built without cpp-httplib";
+    if (!http_available()) GTEST_SKIP() << "built without the HTTP server (no Asio headers)";
     const int64_t max_tokens = 8;
     std::string out;
     const std::string cmd = std::string(TANSY_CLI) + " bench --serve --synthetic " + TINY_CONFIG +

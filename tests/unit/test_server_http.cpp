@@ -1,4 +1,4 @@
-// http_server (our wrapper over cpp-httplib) on a loopback port: routing, JSON error bodies for what httplib
+// http_server (our HTTP/1.1 server over Asio) on a loopback port: routing, JSON error bodies for what the server
 // answers itself (404, 405, 413), a throwing handler, streaming, and noticing a client that went away.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -85,7 +85,7 @@ http_options small_opts() {
 }
 
 #define REQUIRE_HTTP() \
-    if (!http_available()) GTEST_SKIP() << "built without cpp-httplib"
+    if (!http_available()) GTEST_SKIP() << "built without the HTTP server (no Asio headers)"
 
 TEST(server_http, routes_errors_and_streaming) {
     REQUIRE_HTTP();
