@@ -158,19 +158,23 @@ struct server::state {
                 chat_options co;
                 co.kwargs = r.template_kwargs;
                 const ojson tools = r.tool_choice == tool_choice_mode::none ? ojson(nullptr) : r.tools;
-                const std::string text = render_chat(r.messages, tools, co);
+                // only the template's own text may become special tokens: the client's is encoded as plain text
+                const rendered_chat rc = render_chat_marked(r.messages, tools, co);
+                const std::string& text = rc.text;
                 // thinking is on exactly when the template opened <think> for the answer
                 const std::string open = "<think>\n";
                 *thinking = te->think_end() >= 0 && text.size() >= open.size() &&
                             text.compare(text.size() - open.size(), open.size(), open) == 0;
-                ids = tok_pool->encode(text);
+                ids = tok_pool->encode(text, rc.client);
             } else if (r.prompt_is_ids) {
                 for (int32_t id : r.prompt_ids)
                     if (id >= te->eng().n_valid_tokens())
                         throw api_error(400, strprintf("token id %d is outside the vocabulary", id), "prompt");
                 ids = r.prompt_ids;
-            } else {
+            } else if (r.allow_special_tokens) {
                 ids = tok_pool->encode(r.prompt_text);
+            } else {
+                ids = tok_pool->encode(r.prompt_text, {byte_range{0, r.prompt_text.size()}});
             }
         } catch (const error& e) {
             std::string msg = e.what();
@@ -242,6 +246,11 @@ struct server::state {
             sr.max_tokens = max_tokens;
             sr.sampling = r.sampling;
             sr.penalties = r.penalties;
+            for (const auto& [id, bias] : r.logit_bias)
+                if (id >= te->eng().n_valid_tokens())
+                    throw api_error(400, strprintf("logit_bias names token id %d, outside the vocabulary of %lld tokens",
+                                                   id, (long long)te->eng().n_valid_tokens()), "logit_bias");
+            sr.logit_bias = r.logit_bias;
             if (!r.ignore_eos) sr.stop_ids = te->eos();
             sr.logprobs = r.logprobs;
             sr.constraint = make_constraint(r, thinking, max_tokens);
