@@ -111,7 +111,10 @@ bool boolean(const ojson& o, const char* k, bool dflt) {
 
 // Fields shared by both endpoints: sampling, penalties, stop, stream, n.
 void parse_common(const ojson& j, completion_request& r, const sampling_params& d) {
-    if (const ojson* m = field(j, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
+    if (const ojson* m = field(j, "model")) {
+        if (!m->is_string()) bad("model", "'model' must be a string");
+        r.model = m->get<std::string>();
+    }
     if (integer(j, "n", 1, INT64_MIN, INT64_MAX) != 1) bad("n", "only n = 1 is supported", "unsupported_value");
     if (integer(j, "best_of", 1, INT64_MIN, INT64_MAX) != 1) bad("best_of", "only best_of = 1 is supported", "unsupported_value");
     r.sampling.temperature = (float)number(j, "temperature", d.temperature, 0.0, 2.0);

@@ -35,6 +35,7 @@ enum class tool_choice_mode { automatic, none, required, named };
 
 struct completion_request {
     bool chat = true;
+    std::string model;  // as the request names it ("" when absent); the server checks it against its names
     // chat
     ojson messages;          // validated; tool-call arguments parsed into objects (ready for render_chat)
     ojson tools;             // array, or null

@@ -95,6 +95,17 @@ struct server::state {
         log_line(strprintf("%s %d %s: %s", id.c_str(), e.status, endpoint, e.what()));
     }
 
+    bool serves(const std::string& name) const {
+        return name == opt.model_name ||
+               std::find(opt.model_aliases.begin(), opt.model_aliases.end(), name) != opt.model_aliases.end();
+    }
+
+    // OpenAI's answer for a model it does not have (status 404, type invalid_request_error).
+    static api_error model_not_found(const std::string& name) {
+        return api_error(404, "The model '" + name + "' does not exist", "model", "model_not_found",
+                         "invalid_request_error");
+    }
+
     void check_auth(const http_request& req) {
         if (!bearer_ok(req.header("authorization"), opt.api_key))
             throw api_error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "", "invalid_api_key");
@@ -104,6 +115,10 @@ struct server::state {
 
     void install_routes() {
         http.set_error_body([](int status, const std::string& msg) {
+            // GET /v1/models/NAME of a name not served has no route of its own (routes are exact paths)
+            const std::string unknown_model = "no such endpoint: GET /v1/models/";
+            if (status == 404 && msg.rfind(unknown_model, 0) == 0 && msg.size() > unknown_model.size())
+                return error_body(model_not_found(msg.substr(unknown_model.size())));
             const char* code = status == 413 ? "request_too_large" : status == 404 ? "unknown_url" : "";
             return error_body(status, msg, "", code);
         });
@@ -135,13 +150,16 @@ struct server::state {
             } catch (const api_error& e) {
                 return reply_error(res, e, "models");
             }
-            const ojson m = {{"id", opt.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "tansy"},
+            const std::string prefix = "/v1/models/";
+            const std::string id = req.path.rfind(prefix, 0) == 0 ? req.path.substr(prefix.size()) : opt.model_name;
+            const ojson m = {{"id", id}, {"object", "model"}, {"created", created}, {"owned_by", "tansy"},
                              {"max_model_len", ctx}};
             res.body = req.path == "/v1/models" ? dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}) : dump(m);
             metrics.request_done("models", 200);
         };
         http.route("GET", "/v1/models", models);
         http.route("GET", "/v1/models/" + opt.model_name, models);
+        for (const std::string& alias : opt.model_aliases) http.route("GET", "/v1/models/" + alias, models);
         http.route("POST", "/v1/chat/completions",
                    [this](const http_request& req, http_response& res) { handle_completion(req, res, true); });
         http.route("POST", "/v1/completions",
@@ -213,6 +231,7 @@ struct server::state {
             if (stopping) throw api_error(503, "the server is shutting down", "", "shutting_down");
             if (!ready) throw api_error(503, "the model is still loading; retry shortly", "", "model_loading");
             completion_request r = chat ? parse_chat_request(req.body, defaults) : parse_completion_request(req.body, defaults);
+            if (!r.model.empty() && !serves(r.model)) throw model_not_found(r.model);
             bool thinking = false;
             std::vector<int32_t> ids = build_prompt(r, &thinking);
             const int64_t P = (int64_t)ids.size();
