@@ -55,6 +55,14 @@ struct job {
     bool got_first = false, cancel_sent = false;
     finish_event fin;
     std::function<bool()> client_closed;
+    std::atomic<int>* in_flight = nullptr;  // the server's count of completion requests, decremented when done
+
+    job() = default;
+    job(const job&) = delete;
+    job& operator=(const job&) = delete;
+    ~job() {
+        if (in_flight) in_flight->fetch_sub(1);
+    }
 };
 
 }  // namespace
@@ -73,6 +81,9 @@ struct server::state {
     int64_t ctx = 0;
     int64_t created = unix_now();
     std::atomic<uint64_t> next_seq{1};
+    // completion requests between their handler's start and the end of their response (a stream included):
+    // what a shutdown waits for, whether their sequence is queued, decoding, or already done and being sent
+    std::atomic<int> in_flight{0};
     std::mutex stop_mu, log_mu;
     std::condition_variable stop_cv;
     bool stop_requested = false;
@@ -223,6 +234,8 @@ struct server::state {
     void handle_completion(const http_request& req, http_response& res, bool chat) {
         const char* endpoint = chat ? "chat" : "completions";
         auto j = std::make_shared<job>();
+        in_flight++;
+        j->in_flight = &in_flight;
         j->t0 = clock_t_::now();
         j->endpoint = endpoint;
         j->chat = chat;
@@ -504,6 +517,8 @@ void server::start() {
 
 int server::port() const { return s_->http.port(); }
 
+int server::in_flight() const { return s_->in_flight.load(); }
+
 engine& server::eng() {
     TANSY_CHECK(s_->te, "server::eng() before load()");
     return s_->te->eng();
@@ -561,12 +576,13 @@ void server::wait() {
         const scheduler_stats st = s.sched->stats();
         active = st.active, queued = st.queued;
     }
-    fprintf(stderr, "tansy serve: shutting down (%d running, %d queued; up to %.1f s to finish)\n", active, queued,
-            s.opt.shutdown_grace_ms / 1000.0);
+    fprintf(stderr, "tansy serve: shutting down (%d requests in flight: %d sequences running, %d queued; up to %.1f s "
+            "to finish)\n", s.in_flight.load(), active, queued, s.opt.shutdown_grace_ms / 1000.0);
     s.http.stop();  // no new connections; the workers finish their requests
     if (s.sched) s.sched->shutdown(std::chrono::milliseconds(s.opt.shutdown_grace_ms));
     if (s.http_thread.joinable()) s.http_thread.join();
-    fprintf(stderr, "tansy serve: stopped after %.2f s\n", secs(t0, clock_t_::now()));
+    fprintf(stderr, "tansy serve: stopped after %.2f s (%d requests unfinished)\n", secs(t0, clock_t_::now()),
+            s.in_flight.load());
 }
 
 }  // namespace tansy

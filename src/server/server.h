@@ -43,6 +43,9 @@ class server {
     // Throws tansy::error when the address cannot be bound.
     void start();
     int port() const;
+    // Completion requests being handled: from their handler's start to the end of their response (a stream's
+    // last event), whether their sequence is queued, decoding or finished. What the shutdown log reports.
+    int in_flight() const;
     // The loaded engine (after load()), for measurements beside the server (tansy bench --serve). Only while
     // no request is running: the scheduler's thread drives this engine otherwise.
     engine& eng();

@@ -3,6 +3,9 @@
 // logit_bias are 400s, and a logit_bias reaches the sampler. Skipped when tansy is built without cpp-httplib.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "server/http_client.h"
@@ -127,6 +130,23 @@ TEST_F(served, logit_bias_reaches_the_sampler) {
     const json& toks = r.body["choices"][0]["logprobs"]["tokens"];
     ASSERT_EQ(toks.size(), 4u);
     for (const json& t : toks) EXPECT_EQ(t, toks[0]);
+}
+
+// The shutdown log counted only the scheduler's sequences ("0 running" while responses were still being sent):
+// in_flight() counts a request from its handler's start to its response's end.
+TEST_F(served, requests_in_flight_are_counted) {
+    EXPECT_EQ(srv_->in_flight(), 0);
+    http_client c("127.0.0.1", srv_->port(), 60);
+    std::string err;
+    int seen = -1;
+    const std::string body = chat({{"stream", true}, {"max_tokens", 4}, {"ignore_eos", true}}).dump();
+    ASSERT_EQ(c.post("/v1/chat/completions", body, [&](std::string_view) {
+        if (seen < 0) seen = srv_->in_flight();  // the first event: the request is surely in flight
+        return true;
+    }, &err), 200) << err;
+    EXPECT_EQ(seen, 1);
+    for (int i = 0; i < 100 && srv_->in_flight() != 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(srv_->in_flight(), 0);
 }
 
 }  // namespace
