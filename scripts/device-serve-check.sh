@@ -90,7 +90,7 @@ while True:  # 503 while the model loads
     time.sleep(0.2)
 print(f"server ready on port {port[0]} in {time.time() - t0:.1f} s", flush=True)
 
-body = {"model": "x", "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": n,
+body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": n,
         "chat_template_kwargs": {"enable_thinking": False}}
 
 

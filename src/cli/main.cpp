@@ -3,9 +3,20 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <string>
 
 #include "cli/commands.h"
 #include "core/check.h"
+#ifdef TANSY_HAVE_CUDA
+#include "backend/cuda/device.h"
+#endif
+
+#ifndef TANSY_VERSION
+#define TANSY_VERSION "unknown"
+#endif
+#ifndef TANSY_GIT_COMMIT
+#define TANSY_GIT_COMMIT "unknown"
+#endif
 
 using namespace tansy;
 
@@ -35,7 +46,27 @@ void usage(FILE* f) {
             "tansy: a single-process inference engine for Qwen3.6-35B-A3B (qwen3_5_moe)\n\n"
             "usage: tansy COMMAND [options]   (tansy COMMAND --help for its options)\n\ncommands:\n");
     for (const command& c : k_commands) fprintf(f, "  %-10s %s\n", c.name, c.help);
+    fprintf(f, "  %-10s %s\n", "version", "version, git commit and available backends (also --version)");
     fprintf(f, "\nWithout --model, commands use the bundled tiny model (%s).\n", default_model_dir().c_str());
+}
+
+// tansy --version / tansy version: what was built and what it can run on.
+int version(int, char**) {
+    printf("tansy %s (commit %s)\n", TANSY_VERSION, TANSY_GIT_COMMIT);
+    printf("backends: cpu");
+#ifdef TANSY_HAVE_CUDA
+    std::string why;
+    const int n = cuda::device_count(&why);
+    printf(", cuda (compiled in)\n");
+    if (n == 0) printf("cuda devices: none usable (%s)\n", why.c_str());
+    for (int d = 0; d < n; d++) {
+        const int cc = cuda::device_compute_capability(d);
+        printf("cuda device %d: %s (sm_%d)\n", d, cuda::device_name(d).c_str(), cc);
+    }
+#else
+    printf("; cuda not compiled in (no nvcc at configure time, or TANSY_CUDA=OFF)\n");
+#endif
+    return 0;
 }
 
 }  // namespace
@@ -50,6 +81,7 @@ int main(int argc, char** argv) {
         usage(stdout);
         return 0;
     }
+    if (!strcmp(name, "--version") || !strcmp(name, "version")) return version(argc - 2, argv + 2);
     for (const command& c : k_commands) {
         if (strcmp(c.name, name) != 0) continue;
         try {

@@ -82,7 +82,9 @@ struct reader {
         const json* v = find(key);
         if (!v) return dflt;
         if (!v->is_number()) fail("%s: field '%s' must be a number", what.c_str(), key);
-        return v->get<double>();
+        const double x = v->get<double>();
+        if (!std::isfinite(x)) fail("%s: field '%s' must be finite, got %g", what.c_str(), key, x);
+        return x;
     }
     bool get_bool(const char* key, bool dflt) const {
         const json* v = find(key);
@@ -150,12 +152,21 @@ model_config parse_model_config(std::string_view text, const std::string& what) 
     c.hidden = r.get_pos("hidden_size");
     c.vocab = r.get_pos("vocab_size");
     int64_t n_layers = r.get_pos("num_hidden_layers");
-    c.eps = (float)r.get_num("rms_norm_eps", 1e-6);
+    const double eps = r.get_num("rms_norm_eps", 1e-6);
+    // note: checked as the float the kernels use (1e-50 rounds to 0)
+    if (!((float)eps > 0.0f) || eps >= 1.0)
+        fail("%s: field 'rms_norm_eps' must be in (0, 1) (as a float), got %g", what.c_str(), eps);
+    c.eps = (float)eps;
+    if (c.vocab > INT32_MAX)
+        fail("%s: field 'vocab_size' = %lld does not fit the int32 token ids", what.c_str(), (long long)c.vocab);
     c.tie_embeddings = r.get_bool("tie_word_embeddings", top.get_bool("tie_word_embeddings", false));
     c.max_positions = r.find("max_position_embeddings") ? r.get_pos("max_position_embeddings") : 262144;
 
     c.n_q_heads = r.get_pos("num_attention_heads");
     c.n_kv_heads = r.get_pos("num_key_value_heads");
+    if (!r.find("head_dim") && c.hidden % c.n_q_heads)
+        fail("%s: without head_dim, hidden_size %lld must be a multiple of num_attention_heads %lld", what.c_str(),
+             (long long)c.hidden, (long long)c.n_q_heads);
     c.head_dim = r.find("head_dim") ? r.get_pos("head_dim") : c.hidden / c.n_q_heads;
     if (c.n_q_heads % c.n_kv_heads)
         fail("%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", what.c_str(),
@@ -178,8 +189,10 @@ model_config parse_model_config(std::string_view text, const std::string& what) 
         partial = rr.get_num("partial_rotary_factor", partial);
         c.rope_theta = rr.get_num("rope_theta", c.rope_theta);
     }
-    if (!(c.rope_theta > 0)) fail("%s: missing or invalid rope_theta", what.c_str());
-    if (!(partial > 0 && partial <= 1)) fail("%s: partial_rotary_factor %g out of range", what.c_str(), partial);
+    if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
+        fail("%s: field 'rope_theta' must be positive and finite, got %g (or missing)", what.c_str(), c.rope_theta);
+    if (!(partial > 0 && partial <= 1))
+        fail("%s: field 'partial_rotary_factor' must be in (0, 1], got %g", what.c_str(), partial);
     c.rope_dim = (int64_t)(c.head_dim * partial);
     if (c.rope_dim <= 0 || c.rope_dim % 2)
         fail("%s: rotary dims %lld (head_dim x partial_rotary_factor) must be even and positive", what.c_str(),
@@ -225,6 +238,14 @@ model_config parse_model_config(std::string_view text, const std::string& what) 
         for (int64_t i = 0; i < n_layers; i++)
             c.layers.push_back((i + 1) % every == 0 ? layer_kind::full_attention : layer_kind::linear_attention);
     }
+
+    // Sizes that are each plausible can still multiply past int64 in byte counts: bound the largest matrices.
+    const double experts_bytes = 3.0 * (double)c.n_experts * (double)c.expert_inter * (double)c.hidden;
+    const double embed_bytes = (double)c.vocab * (double)c.hidden;
+    if (experts_bytes * (double)n_layers > 1e14 || embed_bytes > 1e13)
+        fail("%s: sizes are implausibly large (hidden_size %lld, vocab_size %lld, num_experts %lld, "
+             "moe_intermediate_size %lld, %lld layers)", what.c_str(), (long long)c.hidden, (long long)c.vocab,
+             (long long)c.n_experts, (long long)c.expert_inter, (long long)n_layers);
 
     // MLX quantisation block (top level, not inside text_config).
     const json* q = top.find("quantization");

@@ -88,8 +88,12 @@ ojson convert_value(const std::string& v, const std::string& type) {
         if (lower(v) == "false") return false;
         return v;
     }
-    const ojson j = ojson::parse(v, nullptr, false);
-    return j.is_discarded() ? ojson(v) : j;  // object, array, or a type we do not know
+    // the model's text can nest without bound (a prompt can ask for it): copying or dumping such a tree recurses
+    // once per level, so past the client JSON limit the value stays a string
+    if (json_depth_exceeds(v)) return v;
+    ojson j = ojson::parse(v, nullptr, false);
+    if (j.is_discarded()) return v;
+    return j;  // object, array, or a type we do not know
 }
 
 }  // namespace

@@ -179,7 +179,7 @@ token_event scheduler::choose(sequence& s, const float* row, int32_t device_argm
         }
         const penalty_params& pp = s.req.penalties;
         const bool constrained = s.req.constraint && s.req.constraint->active();
-        const bool modify = pp.any() || constrained;
+        const bool modify = pp.any() || constrained || !s.req.logit_bias.empty();
         const float* src = row;
         if (modify) {
             scratch_.assign(row, row + nv);
@@ -192,6 +192,8 @@ token_event scheduler::choose(sequence& s, const float* row, int32_t device_argm
                         float& x = scratch_[(size_t)tok];
                         x = x > 0 ? x / pp.repetition : x * pp.repetition;
                     }
+            for (const auto& [tok, bias] : s.req.logit_bias)
+                if (tok >= 0 && tok < nv) scratch_[(size_t)tok] += bias;
             if (constrained) s.req.constraint->mask(scratch_.data(), nv, s.req.max_tokens - s.generated);
             src = scratch_.data();
         }
@@ -460,7 +462,7 @@ void scheduler::loop() {
                 free_slots_.pop_back();
                 const sampling_params& sp = seq.req.sampling;
                 // a sampled row with a grammar draws on the host throughout, so that its draws are one stream
-                seq.host_always = seq.req.penalties.any() || seq.req.logprobs >= 0 ||
+                seq.host_always = seq.req.penalties.any() || !seq.req.logit_bias.empty() || seq.req.logprobs >= 0 ||
                                   (sp.temperature > 0 && (seq.req.constraint || !row_samples_on_device(sp, eng_.n_valid_tokens())));
                 sampling_params on_device = sp;
                 if (seq.host_always) on_device.temperature = 0;  // the slot's pick is an argmax the host replaces

@@ -89,6 +89,9 @@ struct sequence_request {
     int64_t max_tokens = 16;
     sampling_params sampling;  // temperature 0: greedy
     penalty_params penalties;
+    // OpenAI's logit_bias: (token id, bias) added to the logits after the penalties, before the constraint mask
+    // (ids below the engine's n_valid_tokens; the HTTP layer checks). Rows with a bias are chosen on the host.
+    std::vector<std::pair<int32_t, float>> logit_bias;
     std::vector<int32_t> stop_ids;  // reported, then the sequence ends (finish_reason::stop)
     int logprobs = -1;              // -1: none; k >= 0: logprob of the chosen token and the top k (k <= 20)
     std::unique_ptr<token_constraint> constraint;

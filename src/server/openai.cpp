@@ -48,6 +48,10 @@ namespace {
 
 ojson parse_body(const std::string& body) {
     if (body.empty()) bad("", "the request body is empty; expected a JSON object");
+    // before parsing: every later copy and walk of the tree recurses once per level
+    if (json_depth_exceeds(body))
+        bad("", strprintf("the request body nests JSON arrays/objects deeper than the limit of %d levels",
+                          k_max_json_depth), "json_too_deep");
     ojson j;
     try {
         j = ojson::parse(body);
@@ -107,7 +111,10 @@ bool boolean(const ojson& o, const char* k, bool dflt) {
 
 // Fields shared by both endpoints: sampling, penalties, stop, stream, n.
 void parse_common(const ojson& j, completion_request& r, const sampling_params& d) {
-    if (const ojson* m = field(j, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
+    if (const ojson* m = field(j, "model")) {
+        if (!m->is_string()) bad("model", "'model' must be a string");
+        r.model = m->get<std::string>();
+    }
     if (integer(j, "n", 1, INT64_MIN, INT64_MAX) != 1) bad("n", "only n = 1 is supported", "unsupported_value");
     if (integer(j, "best_of", 1, INT64_MIN, INT64_MAX) != 1) bad("best_of", "only best_of = 1 is supported", "unsupported_value");
     r.sampling.temperature = (float)number(j, "temperature", d.temperature, 0.0, 2.0);
@@ -125,6 +132,21 @@ void parse_common(const ojson& j, completion_request& r, const sampling_params& 
     r.penalties.presence = (float)number(j, "presence_penalty", 0.0, -2.0, 2.0);
     r.penalties.frequency = (float)number(j, "frequency_penalty", 0.0, -2.0, 2.0);
     r.penalties.repetition = (float)number(j, "repetition_penalty", 1.0, 0.0, 10.0, /*lo_open=*/true);
+    if (const ojson* lb = field(j, "logit_bias")) {
+        if (!lb->is_object()) bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+        for (const auto& [key, v] : lb->items()) {
+            int64_t id = -1;
+            const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos;
+            if (digits) id = std::stoll(key);
+            if (!digits || id > INT32_MAX)
+                bad("logit_bias", "logit_bias keys must be token ids (non-negative integers as strings), got '" + key + "'");
+            if (!v.is_number()) bad("logit_bias", "logit_bias['" + key + "'] must be a number, got " + type_of(v));
+            const double x = v.get<double>();
+            if (!std::isfinite(x) || x < -100.0 || x > 100.0)
+                bad("logit_bias", strprintf("logit_bias['%s'] must be in [-100, 100], got %g", key.c_str(), x));
+            r.logit_bias.emplace_back((int32_t)id, (float)x);
+        }
+    }
     if (const ojson* s = field(j, "stop")) {
         if (s->is_string()) {
             r.stop.push_back(s->get<std::string>());
@@ -326,6 +348,9 @@ completion_request parse_chat_request(const std::string& body, const sampling_pa
         // none turns thinking off, unless chat_template_kwargs says otherwise explicitly
         if (s == "none" && !r.template_kwargs.contains("enable_thinking")) r.template_kwargs["enable_thinking"] = false;
     }
+    if (boolean(j, "allow_special_tokens", false))
+        bad("allow_special_tokens", "'allow_special_tokens' is only for /v1/completions: in chat requests only the "
+                                    "chat template writes special tokens", "unsupported_value");
     const ojson* et = field(r.template_kwargs, "enable_thinking");
     r.thinking = !(et && et->is_boolean() && !et->get<bool>());  // the template's rule: only false turns it off
     if (boolean(j, "logprobs", false)) {
@@ -362,6 +387,7 @@ completion_request parse_completion_request(const std::string& body, const sampl
     } else {
         bad("prompt", "'prompt' must be a string, an array of token ids, or an array of one of those");
     }
+    r.allow_special_tokens = boolean(j, "allow_special_tokens", false);
     if (boolean(j, "echo", false)) bad("echo", "'echo' is not supported", "unsupported_value");
     if (const ojson* s = field(j, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
         bad("suffix", "'suffix' is not supported", "unsupported_value");

@@ -35,6 +35,7 @@ enum class tool_choice_mode { automatic, none, required, named };
 
 struct completion_request {
     bool chat = true;
+    std::string model;  // as the request names it ("" when absent); the server checks it against its names
     // chat
     ojson messages;          // validated; tool-call arguments parsed into objects (ready for render_chat)
     ojson tools;             // array, or null
@@ -47,10 +48,15 @@ struct completion_request {
     std::string prompt_text;
     std::vector<int32_t> prompt_ids;  // a prompt given as token ids
     bool prompt_is_ids = false;
+    // Trusted raw prompts: the text of special and added tokens in the prompt becomes those tokens
+    // ("<|im_start|>" -> its id). Off by default: client text is tokenised as plain text (issue 29).
+    bool allow_special_tokens = false;
     // both
     int64_t max_tokens = -1;  // -1: up to the context length
     sampling_params sampling;
     penalty_params penalties;
+    // logit_bias: token id -> bias in [-100, 100]; ids are checked against the vocabulary by the server
+    std::vector<std::pair<int32_t, float>> logit_bias;
     std::vector<std::string> stop;
     // vLLM's extension: the end-of-turn tokens do not end the sequence (it runs to max_tokens; they are still
     // left out of the text). For benchmarks that need every completion to have the same length.

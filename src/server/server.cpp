@@ -55,6 +55,14 @@ struct job {
     bool got_first = false, cancel_sent = false;
     finish_event fin;
     std::function<bool()> client_closed;
+    std::atomic<int>* in_flight = nullptr;  // the server's count of completion requests, decremented when done
+
+    job() = default;
+    job(const job&) = delete;
+    job& operator=(const job&) = delete;
+    ~job() {
+        if (in_flight) in_flight->fetch_sub(1);
+    }
 };
 
 }  // namespace
@@ -73,6 +81,9 @@ struct server::state {
     int64_t ctx = 0;
     int64_t created = unix_now();
     std::atomic<uint64_t> next_seq{1};
+    // completion requests between their handler's start and the end of their response (a stream included):
+    // what a shutdown waits for, whether their sequence is queued, decoding, or already done and being sent
+    std::atomic<int> in_flight{0};
     std::mutex stop_mu, log_mu;
     std::condition_variable stop_cv;
     bool stop_requested = false;
@@ -95,6 +106,17 @@ struct server::state {
         log_line(strprintf("%s %d %s: %s", id.c_str(), e.status, endpoint, e.what()));
     }
 
+    bool serves(const std::string& name) const {
+        return name == opt.model_name ||
+               std::find(opt.model_aliases.begin(), opt.model_aliases.end(), name) != opt.model_aliases.end();
+    }
+
+    // OpenAI's answer for a model it does not have (status 404, type invalid_request_error).
+    static api_error model_not_found(const std::string& name) {
+        return api_error(404, "The model '" + name + "' does not exist", "model", "model_not_found",
+                         "invalid_request_error");
+    }
+
     void check_auth(const http_request& req) {
         if (!bearer_ok(req.header("authorization"), opt.api_key))
             throw api_error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "", "invalid_api_key");
@@ -104,6 +126,10 @@ struct server::state {
 
     void install_routes() {
         http.set_error_body([](int status, const std::string& msg) {
+            // GET /v1/models/NAME of a name not served has no route of its own (routes are exact paths)
+            const std::string unknown_model = "no such endpoint: GET /v1/models/";
+            if (status == 404 && msg.rfind(unknown_model, 0) == 0 && msg.size() > unknown_model.size())
+                return error_body(model_not_found(msg.substr(unknown_model.size())));
             const char* code = status == 413 ? "request_too_large" : status == 404 ? "unknown_url" : "";
             return error_body(status, msg, "", code);
         });
@@ -135,13 +161,16 @@ struct server::state {
             } catch (const api_error& e) {
                 return reply_error(res, e, "models");
             }
-            const ojson m = {{"id", opt.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "tansy"},
+            const std::string prefix = "/v1/models/";
+            const std::string id = req.path.rfind(prefix, 0) == 0 ? req.path.substr(prefix.size()) : opt.model_name;
+            const ojson m = {{"id", id}, {"object", "model"}, {"created", created}, {"owned_by", "tansy"},
                              {"max_model_len", ctx}};
             res.body = req.path == "/v1/models" ? dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}) : dump(m);
             metrics.request_done("models", 200);
         };
         http.route("GET", "/v1/models", models);
         http.route("GET", "/v1/models/" + opt.model_name, models);
+        for (const std::string& alias : opt.model_aliases) http.route("GET", "/v1/models/" + alias, models);
         http.route("POST", "/v1/chat/completions",
                    [this](const http_request& req, http_response& res) { handle_completion(req, res, true); });
         http.route("POST", "/v1/completions",
@@ -158,19 +187,23 @@ struct server::state {
                 chat_options co;
                 co.kwargs = r.template_kwargs;
                 const ojson tools = r.tool_choice == tool_choice_mode::none ? ojson(nullptr) : r.tools;
-                const std::string text = render_chat(r.messages, tools, co);
+                // only the template's own text may become special tokens: the client's is encoded as plain text
+                const rendered_chat rc = render_chat_marked(r.messages, tools, co);
+                const std::string& text = rc.text;
                 // thinking is on exactly when the template opened <think> for the answer
                 const std::string open = "<think>\n";
                 *thinking = te->think_end() >= 0 && text.size() >= open.size() &&
                             text.compare(text.size() - open.size(), open.size(), open) == 0;
-                ids = tok_pool->encode(text);
+                ids = tok_pool->encode(text, rc.client);
             } else if (r.prompt_is_ids) {
                 for (int32_t id : r.prompt_ids)
                     if (id >= te->eng().n_valid_tokens())
                         throw api_error(400, strprintf("token id %d is outside the vocabulary", id), "prompt");
                 ids = r.prompt_ids;
-            } else {
+            } else if (r.allow_special_tokens) {
                 ids = tok_pool->encode(r.prompt_text);
+            } else {
+                ids = tok_pool->encode(r.prompt_text, {byte_range{0, r.prompt_text.size()}});
             }
         } catch (const error& e) {
             std::string msg = e.what();
@@ -201,6 +234,8 @@ struct server::state {
     void handle_completion(const http_request& req, http_response& res, bool chat) {
         const char* endpoint = chat ? "chat" : "completions";
         auto j = std::make_shared<job>();
+        in_flight++;
+        j->in_flight = &in_flight;
         j->t0 = clock_t_::now();
         j->endpoint = endpoint;
         j->chat = chat;
@@ -209,6 +244,7 @@ struct server::state {
             if (stopping) throw api_error(503, "the server is shutting down", "", "shutting_down");
             if (!ready) throw api_error(503, "the model is still loading; retry shortly", "", "model_loading");
             completion_request r = chat ? parse_chat_request(req.body, defaults) : parse_completion_request(req.body, defaults);
+            if (!r.model.empty() && !serves(r.model)) throw model_not_found(r.model);
             bool thinking = false;
             std::vector<int32_t> ids = build_prompt(r, &thinking);
             const int64_t P = (int64_t)ids.size();
@@ -242,6 +278,11 @@ struct server::state {
             sr.max_tokens = max_tokens;
             sr.sampling = r.sampling;
             sr.penalties = r.penalties;
+            for (const auto& [id, bias] : r.logit_bias)
+                if (id >= te->eng().n_valid_tokens())
+                    throw api_error(400, strprintf("logit_bias names token id %d, outside the vocabulary of %lld tokens",
+                                                   id, (long long)te->eng().n_valid_tokens()), "logit_bias");
+            sr.logit_bias = r.logit_bias;
             if (!r.ignore_eos) sr.stop_ids = te->eos();
             sr.logprobs = r.logprobs;
             sr.constraint = make_constraint(r, thinking, max_tokens);
@@ -476,6 +517,8 @@ void server::start() {
 
 int server::port() const { return s_->http.port(); }
 
+int server::in_flight() const { return s_->in_flight.load(); }
+
 engine& server::eng() {
     TANSY_CHECK(s_->te, "server::eng() before load()");
     return s_->te->eng();
@@ -533,12 +576,13 @@ void server::wait() {
         const scheduler_stats st = s.sched->stats();
         active = st.active, queued = st.queued;
     }
-    fprintf(stderr, "tansy serve: shutting down (%d running, %d queued; up to %.1f s to finish)\n", active, queued,
-            s.opt.shutdown_grace_ms / 1000.0);
+    fprintf(stderr, "tansy serve: shutting down (%d requests in flight: %d sequences running, %d queued; up to %.1f s "
+            "to finish)\n", s.in_flight.load(), active, queued, s.opt.shutdown_grace_ms / 1000.0);
     s.http.stop();  // no new connections; the workers finish their requests
     if (s.sched) s.sched->shutdown(std::chrono::milliseconds(s.opt.shutdown_grace_ms));
     if (s.http_thread.joinable()) s.http_thread.join();
-    fprintf(stderr, "tansy serve: stopped after %.2f s\n", secs(t0, clock_t_::now()));
+    fprintf(stderr, "tansy serve: stopped after %.2f s (%d requests unfinished)\n", secs(t0, clock_t_::now()),
+            s.in_flight.load());
 }
 
 }  // namespace tansy

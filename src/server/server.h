@@ -7,6 +7,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
@@ -22,6 +23,9 @@ struct serve_options {
     scheduler_options sched;
     std::string api_key;     // empty: no authentication
     std::string model_name;  // empty: the model directory's name ("synthetic-" + the config's directory name)
+    // Other names the model answers to (in a request's "model", GET /v1/models/NAME); /v1/models lists
+    // model_name only. A request naming any other model gets 404 model_not_found; one naming none is served.
+    std::vector<std::string> model_aliases;
     int64_t ctx_size = 0;    // tokens per sequence (prompt + completion); 0: min(model maximum, 32768)
     int shutdown_grace_ms = 10000;  // in-flight requests may finish this long after SIGINT/SIGTERM
     bool progress = true;    // progress bar on stderr while loading
@@ -39,6 +43,9 @@ class server {
     // Throws tansy::error when the address cannot be bound.
     void start();
     int port() const;
+    // Completion requests being handled: from their handler's start to the end of their response (a stream's
+    // last event), whether their sequence is queued, decoding or finished. What the shutdown log reports.
+    int in_flight() const;
     // The loaded engine (after load()), for measurements beside the server (tansy bench --serve). Only while
     // no request is running: the scheduler's thread drives this engine otherwise.
     engine& eng();

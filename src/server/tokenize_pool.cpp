@@ -30,7 +30,7 @@ tokenize_pool::~tokenize_pool() {
     for (std::thread& t : threads_) t.join();
 }
 
-std::vector<int32_t> tokenize_pool::encode(const std::string& text) {
+std::vector<int32_t> tokenize_pool::encode(const std::string& text, const std::vector<byte_range>& plain) {
     std::mutex done_mu;
     std::condition_variable done_cv;
     bool done = false;
@@ -40,7 +40,7 @@ std::vector<int32_t> tokenize_pool::encode(const std::string& text) {
         std::lock_guard<std::mutex> lk(mu_);
         jobs_.push_back([&] {
             try {
-                ids = tok_.encode(text);
+                ids = tok_.encode(text, std::span<const byte_range>(plain));
             } catch (...) {
                 err = std::current_exception();
             }

@@ -19,8 +19,9 @@ class tokenize_pool {
   public:
     tokenize_pool(const tokenizer& tok, int threads);
     ~tokenize_pool();
-    // tokenizer::encode on a pool thread; rethrows its errors (tansy::error for invalid UTF-8).
-    std::vector<int32_t> encode(const std::string& text);
+    // tokenizer::encode(text, plain) on a pool thread (no added token matches inside the plain ranges);
+    // rethrows its errors (tansy::error for invalid UTF-8).
+    std::vector<int32_t> encode(const std::string& text, const std::vector<byte_range>& plain = {});
 
   private:
     const tokenizer& tok_;

@@ -299,13 +299,13 @@ class chat_renderer {
     chat_renderer(const json& messages, const json& tools, const chat_options& opt)
         : msgs_(messages), tools_(tools), opt_(opt) {}
 
-    std::string render() {
+    rendered_chat render() {
         if (msgs_.empty()) raise_exception("No messages provided.");  // T:42-44
         render_system_block();
         find_last_query();
         for (size_t i = 0; i < msgs_.size(); i++) render_message(i);
         if (opt_.add_generation_prompt) render_generation_prompt();
-        return std::move(out_);
+        return {std::move(out_), std::move(client_)};
     }
 
   private:
@@ -346,17 +346,24 @@ class chat_renderer {
         const bool has_system = is_str(role(0), "system");
         if (truthy(&tools_) && (tools_.is_array() || tools_.is_string())) {
             out_ += "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>";
-            for_each_tool([&](const json& tool) { out_ += '\n' + py_json_dumps(tool); });
+            for_each_tool([&](const json& tool) {
+                out_ += '\n';
+                client(py_json_dumps(tool));
+            });
             out_ += "\n</tools>";
             out_ += k_tool_instructions;
             if (has_system) {
                 std::string content = py_strip(render_content(attr(msgs_[0], "content"), false, true));
-                if (!content.empty()) out_ += "\n\n" + content;
+                if (!content.empty()) {
+                    out_ += "\n\n";
+                    client(content);
+                }
             }
             out_ += "<|im_end|>\n";
         } else if (has_system) {  // T:61-65: an empty system message still gets its turn
-            out_ += "<|im_start|>system\n" + py_strip(render_content(attr(msgs_[0], "content"), false, true)) +
-                    "<|im_end|>\n";
+            out_ += "<|im_start|>system\n";
+            client(py_strip(render_content(attr(msgs_[0], "content"), false, true)));
+            out_ += "<|im_end|>\n";
         }
     }
 
@@ -396,7 +403,9 @@ class chat_renderer {
         if (is_str(r, "system")) {
             if (i != 0) raise_exception("System message must be at the beginning.");
         } else if (is_str(r, "user")) {
-            out_ += "<|im_start|>user\n" + content + "<|im_end|>\n";
+            out_ += "<|im_start|>user\n";
+            client(content);
+            out_ += "<|im_end|>\n";
         } else if (is_str(r, "assistant")) {
             render_assistant(i, std::move(content));
         } else if (is_str(r, "tool")) {
@@ -422,8 +431,12 @@ class chat_renderer {
         const bool preserve =
             opt_.variant == chat_template_variant::qwen3_6 && is_bool(kwarg("preserve_thinking"), true);
         out_ += "<|im_start|>assistant\n";
-        if (preserve || (int64_t)i > last_query_index_) out_ += "<think>\n" + reasoning + "\n</think>\n\n";
-        out_ += content;
+        if (preserve || (int64_t)i > last_query_index_) {
+            out_ += "<think>\n";
+            client(reasoning);
+            out_ += "\n</think>\n\n";
+        }
+        client(content);
         const json* calls = attr(m, "tool_calls");
         if (truthy(calls) && (calls->is_array() || calls->is_string())) render_tool_calls(i, *calls, content);
         out_ += "<|im_end|>\n";
@@ -443,7 +456,9 @@ class chat_renderer {
                 out_ += '\n';
             else if (!py_strip(content).empty())
                 out_ += "\n\n";
-            out_ += "<tool_call>\n<function=" + name->get<std::string>() + ">\n";
+            out_ += "<tool_call>\n<function=";
+            client(name->get_ref<const std::string&>());
+            out_ += ">\n";
             if (const json* args = attr(*call, "arguments"))
                 render_arguments(*args, strprintf("messages[%zu].tool_calls[%zu] ('%s')", i, k,
                                                   name->get_ref<const std::string&>().c_str()));
@@ -458,8 +473,10 @@ class chat_renderer {
                  where.c_str(), std::string(type_word(args)).c_str(),
                  args.is_string() ? "; OpenAI-style string arguments must be parsed into an object first" : "");
         for (const auto& [key, value] : args.items()) {
-            out_ += "<parameter=" + key + ">\n";
-            out_ += argument_value(value);
+            out_ += "<parameter=";
+            client(key);
+            out_ += ">\n";
+            client(argument_value(value));
             out_ += "\n</parameter>\n";
         }
     }
@@ -475,7 +492,9 @@ class chat_renderer {
     void render_tool(size_t i, const std::string& content) {
         // `loop.previtem and loop.previtem.role != "tool"`: a tool message first gets no user header (a quirk)
         if (i > 0 && truthy(&msgs_[i - 1]) && !is_str(role(i - 1), "tool")) out_ += "<|im_start|>user";
-        out_ += "\n<tool_response>\n" + content + "\n</tool_response>";
+        out_ += "\n<tool_response>\n";
+        client(content);
+        out_ += "\n</tool_response>";
         if (i + 1 == msgs_.size() || !is_str(role(i + 1), "tool")) out_ += "<|im_end|>\n";
     }
 
@@ -488,7 +507,19 @@ class chat_renderer {
     const json& msgs_;
     const json& tools_;
     const chat_options& opt_;
+    // Text from the request (contents, names, arguments, tool schemas) is appended with client(), which notes
+    // its bytes; everything appended to out_ directly is the template's own text.
+    void client(std::string_view s) {
+        if (s.empty()) return;
+        if (!client_.empty() && client_.back().end == out_.size())
+            client_.back().end += s.size();
+        else
+            client_.push_back({out_.size(), out_.size() + s.size()});
+        out_ += s;
+    }
+
     std::string out_;
+    std::vector<byte_range> client_;
     int64_t image_count_ = 0, video_count_ = 0;  // T:1-2
     int64_t last_query_index_ = -1;              // T:67 ns.last_query_index
 };
@@ -580,11 +611,39 @@ std::string py_strip(std::string_view s) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Limits
+
+bool json_depth_exceeds(std::string_view text, int max_depth) {
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < text.size(); i++) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;  // the escaped character cannot end the string
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max_depth) return true;
+        } else if (c == ']' || c == '}') {
+            depth--;  // unbalanced text is the parser's to reject; a negative depth only makes this lenient
+        }
+    }
+    return false;
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Entry points
 
-std::string render_chat(const json& messages, const json& tools, const chat_options& opt) {
+rendered_chat render_chat_marked(const json& messages, const json& tools, const chat_options& opt) {
     if (!messages.is_array()) fail("chat template: messages must be a list, got %s", messages.type_name());
     return chat_renderer(messages, tools, opt).render();
+}
+
+std::string render_chat(const json& messages, const json& tools, const chat_options& opt) {
+    return render_chat_marked(messages, tools, opt).text;
 }
 
 std::string render_chat_request(const json& request) {
@@ -629,6 +688,9 @@ json normalize_openai_tool_calls(const json& messages) {
             if (call->contains("function")) call = &(*call)["function"];  // same choice as the template (T:107)
             if (!call->is_object() || !call->contains("arguments") || !(*call)["arguments"].is_string()) continue;
             const std::string& text = (*call)["arguments"].get_ref<const std::string&>();
+            if (json_depth_exceeds(text))
+                fail("chat request: messages[%zu].tool_calls[%zu]: arguments nest JSON deeper than %d levels", i, k,
+                     k_max_json_depth);
             json parsed;
             try {
                 parsed = json::parse(text);

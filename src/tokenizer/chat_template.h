@@ -10,8 +10,11 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "tokenizer/tokenizer.h"
 
 namespace tansy {
 
@@ -35,6 +38,18 @@ struct chat_options {
 std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                         const chat_options& opt);
 
+// The rendered prompt and which of its bytes came from the request: message contents and reasoning, tool-call
+// names, argument keys and values, the dumped tool schemas. Only the template's own text may turn into special
+// tokens: encode with tokenizer::encode(text, client), which tokenises the client ranges as plain text.
+// note: content parts are client text as a whole, including the vision placeholders the template writes
+// for image parts (this text-only engine refuses those parts before rendering).
+struct rendered_chat {
+    std::string text;               // exactly render_chat()'s text
+    std::vector<byte_range> client; // ascending, disjoint, non-empty
+};
+rendered_chat render_chat_marked(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                 const chat_options& opt);
+
 // From an OpenAI-style chat request object: "messages" (required array), "tools" (optional array or null),
 // "chat_template_kwargs" (optional object or null), "add_generation_prompt" (optional bool, default true);
 // other fields (model, temperature, ...) are ignored. As in vLLM, an "add_generation_prompt" inside
@@ -47,6 +62,18 @@ std::string render_chat_request(const nlohmann::ordered_json& request);
 // object, keeping key order. Unparseable JSON, or JSON that is not an object, is a tansy::error. Tool calls are
 // located as the template does: `function.arguments` when the call has a "function" key, else `arguments`.
 nlohmann::ordered_json normalize_openai_tool_calls(const nlohmann::ordered_json& messages);
+
+// ---- Limits on client JSON
+
+// How deep JSON from a client (a request body, tool-call arguments) may nest arrays and objects. Copying and
+// walking a parsed tree recurses once per level, so a body of 100,000 '[' would overflow the stack; bodies
+// are checked with json_depth_exceeds() before they are parsed. Real requests (tool schemas included) stay
+// far below this.
+constexpr int k_max_json_depth = 128;
+
+// Whether JSON text opens more than max_depth arrays/objects at once, counting brackets outside strings
+// (one pass, no allocation; text that is not JSON is scanned the same way and left for the parser to reject).
+bool json_depth_exceeds(std::string_view text, int max_depth = k_max_json_depth);
 
 // ---- Python semantics the template relies on; exposed for tests.
 

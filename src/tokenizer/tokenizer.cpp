@@ -72,15 +72,22 @@ class added_matcher {
     char only_first_ = 0;
 };
 
+// Which added tokens may match: all, all but the special ones (HF encode_special_tokens), or none.
+enum class added_mode { all, non_special, none };
+
 // HF AddedVocabulary::find_matches: calls f(segment, id) in order for added-token matches (id >= 0; the
 // segment includes whitespace taken by lstrip/rstrip) and the text between them (id = -1).
-template <class F>
-void split_added(std::string_view s, const added_matcher& m, bool parse_special, F&& f) {
+// `refuse(token, start, stop)` returns 0 to keep a match of bytes [start, stop), else where the search goes on.
+template <class R, class F>
+void split_added_if(std::string_view s, const added_matcher& m, R&& refuse, F&& f) {
     size_t done = 0, pos = 0, ms;
     while (const added_token* t = m.find(s, pos, &ms)) {
         size_t start = ms, stop = ms + t->content.size();
         pos = stop;  // a discarded match still consumes its bytes, as in the aho-corasick iteration
-        if (t->special && !parse_special) continue;
+        if (const size_t next = refuse(*t, start, stop)) {
+            pos = next;
+            continue;
+        }
         if (t->single_word) {
             auto word_before = [&] {
                 if (start == 0) return false;
@@ -116,6 +123,16 @@ void split_added(std::string_view s, const added_matcher& m, bool parse_special,
         done = stop;
     }
     if (done < s.size()) f(s.substr(done), -1);
+}
+
+template <class F>
+void split_added(std::string_view s, const added_matcher& m, added_mode mode, F&& f) {
+    split_added_if(
+        s, m,
+        [&](const added_token& t, size_t, size_t stop) -> size_t {
+            return mode == added_mode::none || (t.special && mode == added_mode::non_special) ? stop : 0;
+        },
+        f);
 }
 
 // Per-thread encoding state: the pre-token cache and BPE buffers. Owned by whichever tokenizer used it
@@ -215,7 +232,7 @@ struct tokenizer::impl {
     }
 
     // Text between raw added tokens: NFC, then normalized added tokens, then regex pieces and BPE.
-    void encode_text(std::string_view text, bool parse_special, std::optional<regex_splitter::matcher>& rm,
+    void encode_text(std::string_view text, added_mode mode, std::optional<regex_splitter::matcher>& rm,
                      encode_scratch& s, std::vector<int32_t>& out) const {
         std::string_view norm = text;
         if (nfc && nfc_maybe_changes(text)) {
@@ -226,7 +243,7 @@ struct tokenizer::impl {
             encode_pretokens(norm, rm, s, out);
             return;
         }
-        split_added(norm, normalized_tokens, parse_special, [&](std::string_view seg, int32_t id) {
+        split_added(norm, normalized_tokens, mode, [&](std::string_view seg, int32_t id) {
             if (id >= 0)
                 out.push_back(id);
             else
@@ -500,12 +517,50 @@ std::vector<int32_t> tokenizer::encode(std::string_view text, bool parse_special
     encode_scratch& s = m.scratch();
     std::optional<regex_splitter::matcher> rm;
     if (m.splitter) rm.emplace(*m.splitter);
-    split_added(text, m.raw_tokens, parse_special, [&](std::string_view seg, int32_t id) {
+    const added_mode mode = parse_special ? added_mode::all : added_mode::non_special;
+    split_added(text, m.raw_tokens, mode, [&](std::string_view seg, int32_t id) {
         if (id >= 0)
             out.push_back(id);
         else
-            m.encode_text(seg, parse_special, rm, s, out);
+            m.encode_text(seg, mode, rm, s, out);
     });
+    return out;
+}
+
+std::vector<int32_t> tokenizer::encode(std::string_view text, std::span<const byte_range> plain) const {
+    const impl& m = *impl_;
+    if (const int64_t bad = utf8_find_invalid(text); bad >= 0)
+        fail("cannot tokenize: the text is not valid UTF-8 (byte 0x%02X at offset %lld)", (uint8_t)text[bad], (long long)bad);
+    for (size_t i = 0; i < plain.size(); i++)
+        TANSY_CHECK(plain[i].begin <= plain[i].end && plain[i].end <= text.size() &&
+                        (i == 0 || plain[i - 1].end <= plain[i].begin),
+                    "encode: plain ranges must be ascending, disjoint and inside the text");
+    // Whether bytes [a, b) of `text` overlap a plain range (ranges ascending: binary search the first one
+    // that ends after a).
+    auto overlaps_plain = [&](size_t a, size_t b) {
+        auto it = std::upper_bound(plain.begin(), plain.end(), a,
+                                   [](size_t x, const byte_range& r) { return x < r.end; });
+        return it != plain.end() && it->begin < b;
+    };
+    std::vector<int32_t> out;
+    out.reserve(text.size() / 3 + 8);
+    encode_scratch& s = m.scratch();
+    std::optional<regex_splitter::matcher> rm;
+    if (m.splitter) rm.emplace(*m.splitter);
+    // note: a refused match consumes one byte only, not its length, so that a token text starting in client
+    // text and running into template text cannot swallow the start of a template token.
+    split_added_if(
+        text, m.raw_tokens,
+        [&](const added_token&, size_t a, size_t b) -> size_t { return overlaps_plain(a, b) ? a + 1 : 0; },
+        [&](std::string_view seg, int32_t id) {
+            if (id >= 0) {
+                out.push_back(id);
+                return;
+            }
+            // normalized added tokens are matched after NFC, whose offsets differ: only in template-only text
+            const size_t a = (size_t)(seg.data() - text.data());
+            m.encode_text(seg, overlaps_plain(a, a + seg.size()) ? added_mode::none : added_mode::all, rm, s, out);
+        });
     return out;
 }
 

@@ -29,6 +29,11 @@
 
 namespace tansy {
 
+// Bytes [begin, end) of a text.
+struct byte_range {
+    size_t begin = 0, end = 0;
+};
+
 class tokenizer {
   public:
     // A tokenizer.json file, or a directory containing one. Throws tansy::error.
@@ -47,6 +52,12 @@ class tokenizer {
     // Thread-safe: each encoding thread keeps its own pre-token cache (allocated on first use, typically
     // ~8 MB, bounded by word_cache's limits in bpe.h).
     std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
+    // The same ids as encode(text), except that no added token (special or not) is matched where its text
+    // overlaps one of `plain` (ascending, disjoint ranges): there it is tokenised as ordinary text. For
+    // prompts that mix trusted template text with client text (render_chat_marked): a client cannot type
+    // "<|im_start|>system" into a message and get the control token. Text with no token text inside the plain
+    // ranges gets exactly encode(text)'s ids: pre-tokenisation still runs across the range boundaries.
+    std::vector<int32_t> encode(std::string_view text, std::span<const byte_range> plain) const;
 
     // The exact bytes of the tokens, concatenated (no U+FFFD substitution: a token sequence that ends inside
     // a multi-byte character gives a truncated UTF-8 sequence; use utf8_lossy() or stream_decoder for

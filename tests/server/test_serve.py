@@ -26,6 +26,7 @@ import openai
 
 ARGS = None
 API_KEY = "sk-tansy-test"
+MODEL = "tiny-chat-q4"  # the served name (the model directory); other names get 404 model_not_found
 TOOL_PROMPT = "Use a tool to find out what heapq.heappush does."
 
 
@@ -263,25 +264,25 @@ def group_api():
 
     def reasoning_on_off():
         msgs = [{"role": "user", "content": "What is the capital of France?"}]
-        on = cl.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=200)
+        on = cl.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=200)
         check(on.choices[0].message.reasoning_content, "thinking on: reasoning expected")
         check("<think>" not in (on.choices[0].message.content or "") and "</think>" not in (on.choices[0].message.content or ""))
-        off = cl.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=200,
+        off = cl.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=200,
                                          extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         m = off.choices[0].message
         check(m.reasoning_content is None and m.content, m)
         check(off.usage.completion_tokens_details.reasoning_tokens == 0, off.usage)
-        none = cl.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=200,
+        none = cl.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=200,
                                           extra_body={"reasoning_effort": "none"})
         check(none.choices[0].message.content == m.content, "reasoning_effort none == enable_thinking false")
         # streaming separates reasoning too
-        st = cl.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=200, stream=True)
+        st = cl.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=200, stream=True)
         reasoning, content, _, finish, _ = collect_stream(st)
         check(reasoning == on.choices[0].message.reasoning_content and content == on.choices[0].message.content,
               (reasoning, content))
 
     def usage_chunk():
-        st = cl.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hello!"}], temperature=0,
+        st = cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], temperature=0,
                                         max_tokens=30, stream=True, stream_options={"include_usage": True})
         chunks = list(st)
         last = chunks[-1]
@@ -290,13 +291,13 @@ def group_api():
         check(all(c.usage is None for c in chunks[:-1]), "only the last chunk carries usage")
         check(chunks[-2].choices[0].finish_reason in ("stop", "length"), chunks[-2])
         # without include_usage no usage chunk
-        st = cl.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hello!"}], temperature=0,
+        st = cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], temperature=0,
                                         max_tokens=10, stream=True)
         check(all(c.choices for c in st), "no usage chunk unless asked")
 
     def stop_sequences():
         msgs = [{"role": "user", "content": "Write a short story about a cat."}]
-        kw = dict(model="x", messages=msgs, temperature=0, max_tokens=120,
+        kw = dict(model=MODEL, messages=msgs, temperature=0, max_tokens=120,
                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         full = cl.chat.completions.create(**kw).choices[0].message.content
         check(len(full) > 40, full)
@@ -310,17 +311,17 @@ def group_api():
             _, content, _, finish, _ = collect_stream(s)
             check(content == cut and stop not in content and finish == "stop", (stop, content, cut))
         # completions: a stop string never leaks either
-        text = cl.completions.create(model="x", prompt="Once upon a time", max_tokens=40, temperature=0).choices[0].text
+        text = cl.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=40, temperature=0).choices[0].text
         stop = text[8:12]
-        r = cl.completions.create(model="x", prompt="Once upon a time", max_tokens=40, temperature=0, stop=stop)
+        r = cl.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=40, temperature=0, stop=stop)
         check(r.choices[0].text == text[:text.find(stop)] and r.choices[0].finish_reason == "stop", (r, stop))
 
     def completions():
-        r = cl.completions.create(model="x", prompt="Once upon a time", max_tokens=20, temperature=0)
+        r = cl.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, temperature=0)
         check(r.object == "text_completion" and r.id.startswith("cmpl-"), r)
         check(r.choices[0].finish_reason in ("stop", "length") and r.choices[0].text, r)
         check(r.usage.completion_tokens <= 20 and r.usage.prompt_tokens > 0, r.usage)
-        s = cl.completions.create(model="x", prompt="Once upon a time", max_tokens=20, temperature=0, stream=True,
+        s = cl.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, temperature=0, stream=True,
                                   stream_options={"include_usage": True})
         text, finish, usage = "", None, None
         for ch in s:
@@ -331,27 +332,27 @@ def group_api():
                 usage = ch.usage
         check(text == r.choices[0].text and finish == r.choices[0].finish_reason, (text, r.choices[0].text))
         check(usage and usage.completion_tokens == r.usage.completion_tokens, usage)
-        ids = cl.completions.create(model="x", prompt=[[1, 2, 3, 4]], max_tokens=5, temperature=0)
+        ids = cl.completions.create(model=MODEL, prompt=[[1, 2, 3, 4]], max_tokens=5, temperature=0)
         check(ids.usage.prompt_tokens == 4, ids.usage)
 
     def json_mode():
         for thinking in (False, True):
             r = cl.chat.completions.create(
-                model="x", messages=[{"role": "user", "content": "Describe a cat as a JSON object."}], temperature=0,
+                model=MODEL, messages=[{"role": "user", "content": "Describe a cat as a JSON object."}], temperature=0,
                 max_tokens=120, response_format={"type": "json_object"},
                 extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
             content = r.choices[0].message.content
             obj = json.loads(content)
             check(isinstance(obj, dict), content)
             s = cl.chat.completions.create(
-                model="x", messages=[{"role": "user", "content": "Give me a JSON object with a name."}],
+                model=MODEL, messages=[{"role": "user", "content": "Give me a JSON object with a name."}],
                 temperature=0.7, seed=5, max_tokens=60, response_format={"type": "json_object"}, stream=True,
                 extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
             _, content, _, _, _ = collect_stream(s)
             check(isinstance(json.loads(content), dict), content)
 
     def logprobs():
-        r = cl.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hello!"}], temperature=0,
+        r = cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], temperature=0,
                                        max_tokens=12, logprobs=True, top_logprobs=3)
         lp = r.choices[0].logprobs.content
         check(1 <= len(lp) <= r.usage.completion_tokens, (len(lp), r.usage))
@@ -360,11 +361,11 @@ def group_api():
             check(len(e.top_logprobs) == 3, e)
             check(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob, e)
             check(abs(e.top_logprobs[0].logprob - e.logprob) < 1e-4, "greedy picks the top token")
-        s = cl.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hello!"}], temperature=0,
+        s = cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], temperature=0,
                                        max_tokens=12, logprobs=True, top_logprobs=2, stream=True)
         n = sum(len(ch.choices[0].logprobs.content) for ch in s if ch.choices and ch.choices[0].logprobs)
         check(n == len(lp), (n, len(lp)))
-        c = cl.completions.create(model="x", prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=2)
+        c = cl.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=2)
         l = c.choices[0].logprobs
         check(len(l.tokens) == len(l.token_logprobs) == len(l.top_logprobs) == len(l.text_offset) > 0, l)
         check("".join(l.tokens) == c.choices[0].text, (l.tokens, c.choices[0].text))
@@ -372,7 +373,7 @@ def group_api():
     def tool_choice():
         msgs, tools = tool_messages("Hello!")
         for choice in ("required", {"type": "function", "function": {"name": "run_python"}}):
-            r = cl.chat.completions.create(model="x", messages=msgs, tools=tools, tool_choice=choice, temperature=0,
+            r = cl.chat.completions.create(model=MODEL, messages=msgs, tools=tools, tool_choice=choice, temperature=0,
                                            max_tokens=200)
             c = r.choices[0]
             check(c.message.tool_calls, f"tool_choice {choice}: no call: {c.message}")
@@ -380,12 +381,12 @@ def group_api():
                 check(c.message.tool_calls[0].function.name == "run_python", c.message.tool_calls)
             json.loads(c.message.tool_calls[0].function.arguments)
         msgs, tools = tool_messages()
-        r = cl.chat.completions.create(model="x", messages=msgs, tools=tools, tool_choice="none", temperature=0,
+        r = cl.chat.completions.create(model=MODEL, messages=msgs, tools=tools, tool_choice="none", temperature=0,
                                        max_tokens=200)
         check(not r.choices[0].message.tool_calls and r.choices[0].finish_reason != "tool_calls", r.choices[0])
 
     def sampling_fields():
-        kw = dict(model="x", messages=[{"role": "user", "content": "Write a haiku."}], max_tokens=30,
+        kw = dict(model=MODEL, messages=[{"role": "user", "content": "Write a haiku."}], max_tokens=30,
                   temperature=0.9, top_p=0.9, seed=7, presence_penalty=0.5, frequency_penalty=0.5,
                   extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1}, user="someone")
         a = cl.chat.completions.create(**kw).choices[0].message
@@ -414,7 +415,7 @@ def group_api():
         hi = [{"role": "user", "content": "hi"}]
         expect(400, "invalid_json", raw=b'{"messages": [')
         expect(400, raw=b"[1, 2]")
-        expect(400, param="messages", json={"model": "x"})
+        expect(400, param="messages", json={"model": MODEL})
         expect(400, param="messages", json={"messages": []})
         expect(400, param="messages[0].role", json={"messages": [{"role": "wizard", "content": "hi"}]})
         expect(400, param="messages[0].content", json={"messages": [{"role": "user", "content": 42}]})
@@ -450,7 +451,7 @@ def group_api():
         except openai.AuthenticationError:
             pass
         try:
-            cl.chat.completions.create(model="x", messages=hi, max_tokens=10 ** 6)
+            cl.chat.completions.create(model=MODEL, messages=hi, max_tokens=10 ** 6)
             check(False, "over-long request accepted")
         except openai.BadRequestError as e:
             check(e.code == "context_length_exceeded", e)
@@ -480,11 +481,11 @@ def group_api():
                 check(json.loads(data)["error"]["message"], data)
         check(statuses.get(400, 0) > 100, statuses)
         # the server is still fine
-        check(cl.chat.completions.create(model="x", messages=hi, max_tokens=5).choices[0].finish_reason)
+        check(cl.chat.completions.create(model=MODEL, messages=hi, max_tokens=5).choices[0].finish_reason)
 
     def curl():
         base = ["curl", "-sS", "-H", "Authorization: Bearer " + API_KEY, "-H", "Content-Type: application/json"]
-        body = json.dumps({"model": "x", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 20,
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 20,
                            "temperature": 0, "stream": True})
         out = subprocess.run(base + ["-N", "-d", body, srv.url("/v1/chat/completions")], capture_output=True,
                              text=True, timeout=60).stdout
@@ -506,7 +507,7 @@ def group_api():
         # curl -d without a content type sends application/x-www-form-urlencoded (and Expect: 100-continue
         # above 1 KB): a large body must still be read as JSON
         # (the bulk is an unknown field, which is ignored: a long prompt would be slow under ASan)
-        big = json.dumps({"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+        big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
                           "unknown_field": {"padding": "x" * 9000}})
         out = subprocess.run(["curl", "-sS", "-H", "Authorization: Bearer " + API_KEY, "-d", big,
                               srv.url("/v1/chat/completions")], capture_output=True, text=True, timeout=60).stdout
@@ -536,7 +537,7 @@ def group_greedy():
     def raw_completion_equals_tansy_run_raw():
         for prompt in ("Once upon a time", "def fibonacci(n):"):
             out = tansy_run("--raw", "--prompt", prompt, "-n", "60")
-            r = cl.completions.create(model="x", prompt=prompt, max_tokens=60, temperature=0)
+            r = cl.completions.create(model=MODEL, prompt=prompt, max_tokens=60, temperature=0)
             check(r.choices[0].text == out[:-1], (r.choices[0].text, out))  # run ends with a newline
 
     def chat_equals_tansy_run():
@@ -548,7 +549,7 @@ def group_greedy():
                   [{"role": "user", "content": "Write a haiku about rain."}], None, False)]
         for run_args, msgs, tools, thinking in cases:
             out = tansy_run(*run_args, "-n", "200")
-            kw = dict(model="x", messages=msgs, temperature=0, max_tokens=200,
+            kw = dict(model=MODEL, messages=msgs, temperature=0, max_tokens=200,
                       extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
             if tools:
                 kw["tools"] = tools
@@ -577,10 +578,10 @@ def stream_once(cl, k, disconnect_after=None):
     """One streamed request for prompt k; returns the reassembled output, or None when it disconnected."""
     kind, prompt, n = LOAD_PROMPTS[k]
     if kind == "chat":
-        s = cl.chat.completions.create(model="x", messages=[{"role": "user", "content": prompt}], temperature=0,
+        s = cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0,
                                        max_tokens=n, stream=True)
     else:
-        s = cl.completions.create(model="x", prompt=prompt, temperature=0, max_tokens=n, stream=True)
+        s = cl.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=n, stream=True)
     if disconnect_after is not None:
         for i, _ in enumerate(s):
             if i + 1 >= disconnect_after:
@@ -614,7 +615,7 @@ def group_load():
         # warm-up burst: worker threads, their allocator arenas and the batch-sized buffers exist from here on,
         # so what the load adds on top of this idle level is what it failed to give back
         with concurrent.futures.ThreadPoolExecutor(clients) as ex:
-            list(ex.map(lambda c: srv.client().completions.create(model="x", prompt="Hi", max_tokens=4), range(clients)))
+            list(ex.map(lambda c: srv.client().completions.create(model=MODEL, prompt="Hi", max_tokens=4), range(clients)))
         time.sleep(0.5)
         idle = srv.rss()
         m0 = srv.metrics()
@@ -690,7 +691,7 @@ def group_lifecycle():
             result = {}
 
             def long_request():
-                s = cl.completions.create(model="x", prompt="Once upon a time", max_tokens=150, temperature=1.0,
+                s = cl.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=150, temperature=1.0,
                                           seed=3, stream=True)
                 text, finish = "", None
                 for ch in s:
@@ -725,7 +726,7 @@ def group_lifecycle():
 
         def endless():
             try:
-                s = cl.completions.create(model="x", prompt="Once upon a time", max_tokens=3000, temperature=1.0,
+                s = cl.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=3000, temperature=1.0,
                                           seed=1, stream=True, extra_body={"stop": []})
                 for _ in s:
                     pass
@@ -762,7 +763,7 @@ def group_lifecycle():
             time.sleep(0.005)
         limited = False
         try:
-            srv.client().completions.create(model="x", prompt="Hi", max_tokens=2)
+            srv.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2)
         except openai.RateLimitError:
             limited = True
         for t in threads:

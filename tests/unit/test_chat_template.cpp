@@ -130,6 +130,16 @@ TEST_P(chat_template_case, matches_reference) {
     const std::string got = render_chat((*c)["messages"], (*c)["tools"], opt);
     const std::string diff = first_difference(got, (*c)["expected"].get<std::string>());
     EXPECT_TRUE(diff.empty()) << diff;
+    // the marked rendering has the same text; its client ranges are ascending, disjoint and inside it
+    const rendered_chat rc = render_chat_marked((*c)["messages"], (*c)["tools"], opt);
+    EXPECT_EQ(rc.text, got);
+    for (size_t i = 0; i < rc.client.size(); i++) {
+        EXPECT_LT(rc.client[i].begin, rc.client[i].end);
+        EXPECT_LE(rc.client[i].end, rc.text.size());
+        if (i) {
+            EXPECT_LT(rc.client[i - 1].end, rc.client[i].begin);  // adjacent ranges are merged
+        }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(fixture, chat_template_case, ::testing::ValuesIn(case_names()),

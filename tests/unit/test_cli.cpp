@@ -37,6 +37,16 @@ TEST(cli, help_and_unknown_commands) {
     }
 }
 
+TEST(cli, version_names_the_build_and_its_backends) {
+    for (const char* arg : {"--version", "version"}) {
+        const std::string out = stdout_only(arg);
+        EXPECT_EQ(out.rfind("tansy 0.", 0), 0u) << out;  // the CMake project version
+        EXPECT_NE(out.find("(commit "), std::string::npos) << out;
+        EXPECT_NE(out.find("backends: cpu"), std::string::npos) << out;
+        EXPECT_NE(out.find("cuda"), std::string::npos) << out;
+    }
+}
+
 TEST(cli, errors_are_one_line_with_exit_1) {
     const std::string d = tansy::test::temp_dir("cli");
     tansy::test::write_file(d + "/ids.txt", "1 2 3");

@@ -2,6 +2,7 @@
 // malformed input (the issue's list: missing/truncated file, header beyond file, offsets out of range or
 // overlapping, wrong dtype or shape, missing tensor, unknown model_type, layer counts that disagree).
 #include <filesystem>
+#include <functional>
 #include <fstream>
 
 #include "core/check.h"
@@ -79,6 +80,46 @@ TEST(loader, bad_config) {
     std::string dir = broken("js", [](json&, auto&) {});
     test::write_file(dir + "/config.json", "{\"model_type\": ");
     expect_load_error(dir, "not valid JSON");
+}
+
+// Issue 29: every numeric field is validated with an error naming it (rms_norm_eps < 0 used to be accepted).
+TEST(loader, numeric_config_fields_are_validated) {
+    auto error_of = [](const std::function<void(json&)>& edit) -> std::string {
+        json c = test::synth_config();
+        edit(c);
+        try {
+            parse_model_config(c.dump(), "config.json");
+        } catch (const tansy::error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    EXPECT_EQ(error_of([](json&) {}), "");
+    const std::pair<std::function<void(json&)>, const char*> cases[] = {
+        {[](json& c) { c["rms_norm_eps"] = -1e-6; }, "rms_norm_eps"},
+        {[](json& c) { c["rms_norm_eps"] = 0; }, "rms_norm_eps"},
+        {[](json& c) { c["rms_norm_eps"] = 1e-60; }, "rms_norm_eps"},  // 0 as a float
+        {[](json& c) { c["rms_norm_eps"] = 2.0; }, "rms_norm_eps"},
+        {[](json& c) { c["rms_norm_eps"] = "small"; }, "rms_norm_eps"},
+        {[](json& c) { c["rope_parameters"]["rope_theta"] = -10000; }, "rope_theta"},
+        {[](json& c) { c["rope_parameters"]["rope_theta"] = 0; }, "rope_theta"},
+        {[](json& c) { c["rope_parameters"]["partial_rotary_factor"] = 1.5; }, "partial_rotary_factor"},
+        {[](json& c) { c["hidden_size"] = 0; }, "hidden_size"},
+        {[](json& c) { c["hidden_size"] = -64; }, "hidden_size"},
+        {[](json& c) { c["vocab_size"] = (int64_t)1 << 33; }, "vocab_size"},
+        {[](json& c) { c["num_experts"] = 0; }, "num_experts"},
+        {[](json& c) { c["num_experts_per_tok"] = 100; }, "num_experts_per_tok"},
+        {[](json& c) { c["moe_intermediate_size"] = -1; }, "moe_intermediate_size"},
+        {[](json& c) { c["linear_conv_kernel_dim"] = 1; }, "linear_conv_kernel_dim"},
+        {[](json& c) { c["linear_num_value_heads"] = 3; }, "linear_num_value_heads"},
+        {[](json& c) { c["max_position_embeddings"] = 0; }, "max_position_embeddings"},
+        {[](json& c) { c.erase("head_dim"); c["hidden_size"] = 65; }, "num_attention_heads"},
+        {[](json& c) { c["hidden_size"] = (int64_t)1 << 30; c["vocab_size"] = (int64_t)1 << 30; }, "implausibly large"},
+    };
+    for (const auto& [edit, needle] : cases) {
+        const std::string e = error_of(edit);
+        EXPECT_NE(e.find(needle), std::string::npos) << "wanted an error naming '" << needle << "', got '" << e << "'";
+    }
 }
 
 TEST(loader, release_config_form) {

@@ -205,6 +205,21 @@ TEST(output_parser, values_follow_the_schema_types) {
               R"({"n": 42, "x": 2.5, "ok": true, "obj": {"a": 1}, "list": [1, "b"], "s": "42", "bad": "many"})");
 }
 
+// A parameter value nesting 100,000 levels (the model's text; a prompt can ask for it) stays a string: parsed,
+// it would be copied and dumped recursively, once per level.
+TEST(output_parser, a_deeply_nested_value_stays_a_string) {
+    output_parser_options o = no_thinking();
+    o.tool_schemas = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"a": {"type": "array"}}}}}])");
+    output_parser p(o);
+    const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+    p.push("<tool_call>\n<function=f>\n<parameter=a>\n" + deep + "\n</parameter>\n</function>\n</tool_call>");
+    p.finish();
+    ASSERT_EQ(p.tool_calls().size(), 1u);
+    const ojson args = ojson::parse(p.tool_calls()[0].arguments);
+    EXPECT_EQ(args["a"], deep);
+}
+
 TEST(output_parser, a_tool_call_tag_without_a_function_is_text) {
     result r = parse_all_ways("Use <tool_call> tags like this.", no_thinking());
     EXPECT_TRUE(r.calls.empty());

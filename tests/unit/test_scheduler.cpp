@@ -120,6 +120,37 @@ TEST(scheduler, lone_greedy_request_equals_engine_generate) {
     EXPECT_EQ(f.generated, (int64_t)ref.size());
 }
 
+// OpenAI logit_bias: added to the logits before the choice, so greedy rows take the argmax of the biased row.
+TEST(scheduler, logit_bias_moves_the_greedy_choice) {
+    const std::vector<int32_t> prompt = chat_prompt("Name a colour.");
+    const std::vector<int32_t> ref = reference_greedy(prompt, 3);
+    ASSERT_EQ(ref.size(), 3u);
+    scheduler s(tiny().eng(), scheduler_options{});
+    // +100 on a token the model would not pick makes it the choice at every step
+    const int32_t forced = ref[0] == 1000 ? 1001 : 1000;
+    auto up = std::make_shared<collect_sink>();
+    sequence_request r = make_request(prompt, 3, up);
+    r.logit_bias = {{forced, 100.0f}};
+    ASSERT_EQ(s.submit(1, std::move(r)), scheduler::submit_status::ok);
+    up->wait();
+    EXPECT_EQ(up->ids(), std::vector<int32_t>(3, forced));
+    // -100 on the greedy token changes the first choice
+    auto down = std::make_shared<collect_sink>();
+    r = make_request(prompt, 1, down);
+    r.logit_bias = {{ref[0], -100.0f}};
+    ASSERT_EQ(s.submit(2, std::move(r)), scheduler::submit_status::ok);
+    down->wait();
+    ASSERT_EQ(down->ids().size(), 1u);
+    EXPECT_NE(down->ids()[0], ref[0]);
+    // a bias of 0 changes nothing
+    auto zero = std::make_shared<collect_sink>();
+    r = make_request(prompt, 3, zero);
+    r.logit_bias = {{forced, 0.0f}};
+    ASSERT_EQ(s.submit(3, std::move(r)), scheduler::submit_status::ok);
+    zero->wait();
+    EXPECT_EQ(zero->ids(), ref);
+}
+
 TEST(scheduler, prompts_prefilled_in_chunks_give_the_same_tokens) {
     // the engine's prefill chunk applies to the scheduler's prefill too (forward_pass::prefill)
     const std::vector<int32_t> prompt = chat_prompt("What does heapq.heappush do?");

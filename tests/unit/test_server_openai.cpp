@@ -7,6 +7,7 @@
 
 #include "server/auth.h"
 #include "server/openai.h"
+#include "tokenizer/chat_template.h"
 
 namespace tansy {
 namespace {
@@ -276,6 +277,68 @@ TEST(server_openai, mangled_bodies_only_give_api_errors) {
     }
     EXPECT_GT(refused, 1000);
     EXPECT_GT(parsed, 10);
+}
+
+// Issue 29: a body nesting 100,000 levels deep killed the server (the copy of the parsed tree recursed once per
+// level). The depth is checked on the raw text before anything is parsed or copied.
+TEST(server_openai, deep_nesting_is_a_400_naming_the_limit) {
+    const int n = 100000;
+    const std::string deep = std::string(n, '[') + std::string(n, ']');
+    for (const std::string& body :
+         {R"({"messages": [{"role": "user", "content": "hi", "extra": )" + deep + R"(}], "model": "m"})",
+          R"({"messages": [{"role": "user", "content": "hi"}], "x": )" + deep + R"(, "temperature": 0.5})",
+          R"({"chat_template_kwargs": {"k": )" + deep + R"(}, "messages": [{"role": "user", "content": "hi"}]})"}) {
+        const api_error e = chat_error(body);
+        EXPECT_EQ(e.status, 400);
+        EXPECT_EQ(e.code, "json_too_deep");
+        EXPECT_NE(std::string(e.what()).find(std::to_string(k_max_json_depth)), std::string::npos) << e.what();
+    }
+    const api_error c = completion_error(R"({"prompt": "hi", "logit_bias": )" + deep + "}");
+    EXPECT_EQ(c.code, "json_too_deep");
+    // tool-call arguments are JSON inside a JSON string: they get the same limit
+    const std::string args = R"({\"a\": )" + std::string(n, '[') + std::string(n, ']') + "}";
+    const api_error a = chat_error(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
+        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": ")" + args + R"("}}]}]})");
+    EXPECT_EQ(a.status, 400);
+    EXPECT_EQ(a.code, "invalid_tool_call_arguments");
+    // right at the limit is fine
+    const std::string ok = std::string(k_max_json_depth - 3, '[') + std::string(k_max_json_depth - 3, ']');
+    EXPECT_EQ(chat_error(R"({"messages": [{"role": "user", "content": "hi"}], "x": )" + ok + "}").status, 0);
+}
+
+TEST(server_openai, json_depth_scan_ignores_brackets_in_strings) {
+    EXPECT_FALSE(json_depth_exceeds("[[1]]", 2));
+    EXPECT_TRUE(json_depth_exceeds("[[[1]]]", 2));
+    EXPECT_TRUE(json_depth_exceeds("{\"a\": {\"b\": []}}", 2));
+    EXPECT_FALSE(json_depth_exceeds("[\"[[[[{{{{\"]", 1));
+    EXPECT_FALSE(json_depth_exceeds("[\"\\\"[[[[\"]", 1));  // an escaped quote does not end the string
+    EXPECT_TRUE(json_depth_exceeds("[\"\\\\\", [[1]]]", 2));  // an escaped backslash does
+    EXPECT_FALSE(json_depth_exceeds("[][][][][]", 1));
+}
+
+TEST(server_openai, logit_bias_is_parsed_and_checked) {
+    const completion_request r =
+        parse_chat_request("{" + k_hi + R"(, "logit_bias": {"42": 100, "7": -2.5, "0": 0}})", greedy());
+    ASSERT_EQ(r.logit_bias.size(), 3u);
+    EXPECT_EQ(r.logit_bias[0], (std::pair<int32_t, float>{42, 100.0f}));
+    EXPECT_EQ(r.logit_bias[1], (std::pair<int32_t, float>{7, -2.5f}));
+    EXPECT_EQ(parse_completion_request(R"({"prompt": "x", "logit_bias": {"5": 1}})", greedy()).logit_bias.size(), 1u);
+    EXPECT_TRUE(parse_chat_request("{" + k_hi + R"(, "logit_bias": null})", greedy()).logit_bias.empty());
+    for (const char* lb : {R"([1])", R"({"42": 101})", R"({"42": -100.5})", R"({"x": 1})", R"({"-1": 1})",
+                           R"({"1.5": 1})", R"({"": 1})", R"({"99999999999": 1})", R"({"42": "1"})", R"({"42": null})"}) {
+        const api_error e = chat_error("{" + k_hi + R"(, "logit_bias": )" + lb + "}");
+        EXPECT_EQ(e.status, 400) << lb;
+        EXPECT_EQ(e.param, "logit_bias") << lb;
+    }
+}
+
+TEST(server_openai, special_tokens_opt_in_is_for_completions_only) {
+    EXPECT_FALSE(parse_completion_request(R"({"prompt": "x"})", greedy()).allow_special_tokens);
+    EXPECT_TRUE(parse_completion_request(R"({"prompt": "x", "allow_special_tokens": true})", greedy()).allow_special_tokens);
+    const api_error e = chat_error("{" + k_hi + R"(, "allow_special_tokens": true})");
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "allow_special_tokens");
+    EXPECT_EQ(chat_error("{" + k_hi + R"(, "allow_special_tokens": false})").status, 0);
 }
 
 TEST(server_openai, bearer_auth) {

@@ -1,0 +1,153 @@
+// Request-level checks of `tansy serve` over HTTP (issue 29), on a synthetic two-layer model of the tiny config
+// (CPU backend): the model name is checked, unknown /v1/models/ID answers model_not_found, deep JSON and bad
+// logit_bias are 400s, and a logit_bias reaches the sampler. Skipped when tansy is built without cpp-httplib.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "server/http_client.h"
+#include "server/server.h"
+#include "test_util.h"
+
+namespace tansy {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string TINY_CONFIG = std::string(TANSY_SOURCE_DIR) + "/models/tiny-chat-q4/config.json";
+
+struct reply {
+    int status = 0;
+    json body;
+};
+
+class served : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        if (!http_available()) return;
+        serve_options o;
+        o.engine.threads = 1;
+        o.synthetic.config = TINY_CONFIG;
+        o.synthetic.layers = 2;
+        o.http.port = 0;
+        o.sched.max_batch = 2;
+        o.ctx_size = 256;
+        o.model_aliases = {"alias-one"};
+        o.progress = o.log_requests = false;
+        srv_ = new server(o);
+        srv_->start();
+        srv_->load();
+    }
+    static void TearDownTestSuite() {
+        if (!srv_) return;
+        srv_->request_stop();
+        srv_->wait();
+        delete srv_;
+        srv_ = nullptr;
+    }
+    void SetUp() override {
+        if (!http_available()) GTEST_SKIP() << "built without cpp-httplib";
+    }
+
+    reply post(const std::string& path, const std::string& body) {
+        http_client c("127.0.0.1", srv_->port(), 60);
+        std::string text, err;
+        reply r;
+        r.status = c.post(path, body, [&](std::string_view p) { text += p; return true; }, &err);
+        r.body = json::parse(text, nullptr, false);
+        return r;
+    }
+    reply get(const std::string& path) {
+        http_client c("127.0.0.1", srv_->port(), 60);
+        std::string text, err;
+        reply r;
+        r.status = c.get(path, &text, &err);
+        r.body = json::parse(text, nullptr, false);
+        return r;
+    }
+    static json chat(json extra = json::object()) {
+        json b = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}, {"temperature", 0}};
+        b.update(extra);
+        return b;
+    }
+
+    static server* srv_;
+};
+server* served::srv_ = nullptr;
+
+const char* SERVED = "synthetic-tiny-chat-q4";
+
+TEST_F(served, model_is_checked) {
+    EXPECT_EQ(post("/v1/chat/completions", chat().dump()).status, 200) << "no model: served";
+    EXPECT_EQ(post("/v1/chat/completions", chat({{"model", SERVED}}).dump()).status, 200);
+    EXPECT_EQ(post("/v1/chat/completions", chat({{"model", "alias-one"}}).dump()).status, 200);
+    const reply r = post("/v1/chat/completions", chat({{"model", "gpt-4o"}}).dump());
+    EXPECT_EQ(r.status, 404);
+    EXPECT_EQ(r.body["error"]["code"], "model_not_found");
+    EXPECT_EQ(r.body["error"]["type"], "invalid_request_error");
+    EXPECT_NE(r.body["error"]["message"].get<std::string>().find("gpt-4o"), std::string::npos);
+    const reply c = post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 1}, {"model", "other"}}.dump());
+    EXPECT_EQ(c.status, 404);
+    EXPECT_EQ(c.body["error"]["code"], "model_not_found");
+}
+
+TEST_F(served, models_by_id) {
+    const reply ok = get(std::string("/v1/models/") + SERVED);
+    EXPECT_EQ(ok.status, 200);
+    EXPECT_EQ(ok.body["id"], SERVED);
+    EXPECT_EQ(get("/v1/models/alias-one").body["id"], "alias-one");
+    const reply r = get("/v1/models/no-such-model");
+    EXPECT_EQ(r.status, 404);
+    EXPECT_EQ(r.body["error"]["code"], "model_not_found");
+    EXPECT_EQ(get("/v1/nothing").body["error"]["code"], "unknown_url");
+}
+
+TEST_F(served, deep_json_is_a_400_and_the_server_lives_on) {
+    const int n = 100000;
+    const std::string body = R"({"messages": [{"role": "user", "content": "hi"}], "x": )" + std::string(n, '[') +
+                             std::string(n, ']') + R"(, "max_tokens": 1})";
+    const reply r = post("/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(r.body["error"]["code"], "json_too_deep");
+    EXPECT_EQ(get("/health").status, 200);
+}
+
+TEST_F(served, logit_bias_reaches_the_sampler) {
+    const int64_t vocab = srv_->eng().n_valid_tokens();
+    const reply bad = post("/v1/chat/completions", chat({{"logit_bias", {{std::to_string(vocab), 1}}}}).dump());
+    EXPECT_EQ(bad.status, 400);
+    EXPECT_EQ(bad.body["error"]["param"], "logit_bias");
+    // +100 on one token: every generated token is that one (usage counts them; logprobs names them)
+    const int forced = 300;
+    const reply r = post("/v1/completions", json{{"prompt", "hello"}, {"max_tokens", 4}, {"temperature", 0},
+                                                 {"ignore_eos", true}, {"logprobs", 0},
+                                                 {"logit_bias", {{std::to_string(forced), 100}}}}
+                                                .dump());
+    ASSERT_EQ(r.status, 200) << r.body.dump();
+    const json& toks = r.body["choices"][0]["logprobs"]["tokens"];
+    ASSERT_EQ(toks.size(), 4u);
+    for (const json& t : toks) EXPECT_EQ(t, toks[0]);
+}
+
+// The shutdown log counted only the scheduler's sequences ("0 running" while responses were still being sent):
+// in_flight() counts a request from its handler's start to its response's end.
+TEST_F(served, requests_in_flight_are_counted) {
+    EXPECT_EQ(srv_->in_flight(), 0);
+    http_client c("127.0.0.1", srv_->port(), 60);
+    std::string err;
+    int seen = -1;
+    const std::string body = chat({{"stream", true}, {"max_tokens", 4}, {"ignore_eos", true}}).dump();
+    ASSERT_EQ(c.post("/v1/chat/completions", body, [&](std::string_view) {
+        if (seen < 0) seen = srv_->in_flight();  // the first event: the request is surely in flight
+        return true;
+    }, &err), 200) << err;
+    EXPECT_EQ(seen, 1);
+    for (int i = 0; i < 100 && srv_->in_flight() != 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(srv_->in_flight(), 0);
+}
+
+}  // namespace
+}  // namespace tansy
