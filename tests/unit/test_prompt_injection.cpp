@@ -83,7 +83,9 @@ TEST(prompt_injection, every_client_field_is_plain) {
     EXPECT_EQ(want, tok->encode(benign.text));
     // every added token (im_start, im_end, <think>, <tool_call>, ...) appears as often as without the forgery
     for (int32_t id = 151643; id < tok->size(); id++) {
-        if (tok->is_added(id)) EXPECT_EQ(count(got, id), count(want, id)) << "token " << id;
+        if (tok->is_added(id)) {
+            EXPECT_EQ(count(got, id), count(want, id)) << "token " << id;
+        }
     }
     EXPECT_EQ(count(got, IM_START), 6);  // system, user, assistant, user (tool response), user, assistant
     EXPECT_EQ(tok->decode(got), forged.text);
