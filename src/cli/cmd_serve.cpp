@@ -65,8 +65,9 @@ int cmd_serve(int argc, char** argv) {
                  "Serves the model over HTTP with the OpenAI API: POST /v1/chat/completions, POST /v1/completions\n"
                  "(streamed with \"stream\": true), GET /v1/models, GET /health (503 while loading), GET /metrics\n"
                  "(Prometheus). Requests are batched continuously: the running ones decode together, and new\n"
-                 "prompts are prefilled a chunk per step between those decode steps. SIGINT/SIGTERM stop accepting, let running requests finish (--shutdown-timeout),\n"
-                 "and exit 0; a second signal exits at once. The API key may also come from $TANSY_API_KEY.\n"
+                 "prompts are prefilled a piece per step in the same forward pass (--prefill-budget). SIGINT/SIGTERM\n"
+                 "stop accepting, let running requests finish (--shutdown-timeout), and exit 0; a second signal\n"
+                 "exits at once. The API key may also come from $TANSY_API_KEY.\n"
                  "--synthetic serves random weights of any config.json (no checkpoint), to measure served speed\n"
                  "(see also tansy bench --serve). Requests may set \"ignore_eos\": true to run to max_tokens.");
     add_engine_options(p);
