@@ -2,7 +2,7 @@
 # Installs what building and testing tansy needs on Debian 12 / Ubuntu (apt). Skips apt when all is present.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git xz-utils curl python3-venv python3-pip
-      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libasio-dev
+      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libasio-dev libedit-dev
       libgtest-dev libgmock-dev clang libclang-rt-14-dev libomp-dev)
 missing=()
 for p in "${pkgs[@]}"; do
