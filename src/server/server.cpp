@@ -186,6 +186,7 @@ struct server::state {
             if (r.chat) {
                 chat_options co;
                 co.kwargs = r.template_kwargs;
+                co.system_anywhere = true;  // the API allows system/developer messages anywhere (issue 36)
                 const ojson tools = r.tool_choice == tool_choice_mode::none ? ojson(nullptr) : r.tools;
                 // only the template's own text may become special tokens: the client's is encoded as plain text
                 const rendered_chat rc = render_chat_marked(r.messages, tools, co);
