@@ -474,13 +474,19 @@ ojson completion_logprobs(const tokenizer& tok, const std::vector<token_event>& 
 
 ojson chat_response(const response_meta& m, const output_parser& p, const std::vector<std::string>& call_ids,
                     const std::string& finish, const ojson& usage, const ojson& logprobs) {
+    return chat_response(m, p.reasoning(), p.content(), p.tool_calls(), call_ids, finish, usage, logprobs);
+}
+
+ojson chat_response(const response_meta& m, const std::string& reasoning, const std::string& content,
+                    const std::vector<parsed_tool_call>& tool_calls, const std::vector<std::string>& call_ids,
+                    const std::string& finish, const ojson& usage, const ojson& logprobs) {
     ojson msg = {{"role", "assistant"},
-                 {"content", p.content().empty() && !p.tool_calls().empty() ? ojson(nullptr) : ojson(p.content())},
-                 {"reasoning_content", p.reasoning().empty() ? ojson(nullptr) : ojson(p.reasoning())}};
-    if (!p.tool_calls().empty()) {
+                 {"content", content.empty() && !tool_calls.empty() ? ojson(nullptr) : ojson(content)},
+                 {"reasoning_content", reasoning.empty() ? ojson(nullptr) : ojson(reasoning)}};
+    if (!tool_calls.empty()) {
         ojson calls = ojson::array();
-        for (size_t i = 0; i < p.tool_calls().size(); i++) {
-            const parsed_tool_call& c = p.tool_calls()[i];
+        for (size_t i = 0; i < tool_calls.size(); i++) {
+            const parsed_tool_call& c = tool_calls[i];
             calls.push_back({{"id", i < call_ids.size() ? call_ids[i] : new_id("call_")},
                              {"type", "function"},
                              {"function", {{"name", c.name}, {"arguments", c.arguments}}}});

@@ -93,6 +93,9 @@ ojson completion_logprobs(const tokenizer& tok, const std::vector<token_event>& 
 // A finished chat completion.
 ojson chat_response(const response_meta& m, const output_parser& p, const std::vector<std::string>& call_ids,
                     const std::string& finish, const ojson& usage, const ojson& logprobs);
+ojson chat_response(const response_meta& m, const std::string& reasoning, const std::string& content,
+                    const std::vector<parsed_tool_call>& calls, const std::vector<std::string>& call_ids,
+                    const std::string& finish, const ojson& usage, const ojson& logprobs);
 // One chat.completion.chunk: `delta` as given; finish null when empty; usage included when include_usage.
 ojson chat_chunk(const response_meta& m, const ojson& delta, const std::string& finish, const ojson& logprobs,
                  bool include_usage);

@@ -387,7 +387,7 @@ struct server::state {
                     return "";
             }
         }
-        if (fr == "stop" && j.chat && !j.text->parser().tool_calls().empty()) fr = "tool_calls";
+        if (fr == "stop" && j.chat && !j.text->tool_calls().empty()) fr = "tool_calls";
         return fr;
     }
 
@@ -431,7 +431,8 @@ struct server::state {
         if (j.logprobs >= 0)
             lp = j.chat ? chat_logprobs(te->tok(), j.lp_tokens) : completion_logprobs(te->tok(), j.lp_tokens, 0);
         if (j.chat) {
-            res.body = dump(chat_response(j.meta, j.text->parser(), j.call_ids, fr, usage_of(j), lp));
+            res.body = dump(chat_response(j.meta, j.text->reasoning(), j.text->content(), j.text->tool_calls(), j.call_ids, fr,
+                                          usage_of(j), lp));
         } else {
             res.body = dump(completion_response(j.meta, text, fr, usage_of(j), lp));
         }
