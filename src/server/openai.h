@@ -63,6 +63,10 @@ struct completion_request {
     bool ignore_eos = false;
     bool stream = false, include_usage = false;
     int logprobs = -1;  // -1: none; else the number of top alternatives per token
+    // Fields the server does not know, ignored (warned about on stderr once per name). The documented
+    // no-ops (user, metadata, store, service_tier, prompt_cache_key, safety_identifier, parallel_tool_calls,
+    // prediction) are not listed here.
+    std::vector<std::string> unknown_fields;
 };
 
 // `defaults`: the model's sampling defaults (generation_config.json), used for fields the request omits.

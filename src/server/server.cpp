@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -63,6 +64,23 @@ struct job {
     ~job() {
         if (in_flight) in_flight->fetch_sub(1);
     }
+};
+
+// tool_choice "none": ids that may never be sampled (the <tool_call> token), masked to -infinity rather than
+// biased (a logit_bias of -100 is not a ban). The model could still spell "<tool_call>" out of ordinary tokens;
+// with tools off the parser leaves such text in the content.
+class ban_constraint final : public token_constraint {
+  public:
+    explicit ban_constraint(std::vector<int32_t> ids) : ids_(std::move(ids)) {}
+    bool active() const override { return true; }
+    void mask(float* logits, int64_t n_valid, int64_t) override {
+        for (int32_t id : ids_)
+            if (id >= 0 && id < n_valid) logits[id] = -std::numeric_limits<float>::infinity();
+    }
+    void accept(int32_t) override {}
+
+  private:
+    std::vector<int32_t> ids_;
 };
 
 }  // namespace
@@ -229,6 +247,11 @@ struct server::state {
             return std::make_unique<prefix_constraint>(tokens, thinking, reserve, std::move(alts));
         }
         if (r.json_mode) return std::make_unique<json_object_constraint>(tokens, thinking, reserve);
+        if (r.tool_choice == tool_choice_mode::none) {
+            // (JSON mode above already keeps the content free of tags)
+            const int32_t open = te->tok().find("<tool_call>");
+            if (open >= 0) return std::make_unique<ban_constraint>(std::vector<int32_t>{open});
+        }
         return nullptr;
     }
 
