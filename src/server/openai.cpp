@@ -452,23 +452,35 @@ completion_request parse_completion_request(const std::string& body, const sampl
     r.max_tokens = max_tokens_field(j, 16);  // the legacy endpoint's default
     const ojson* p = field(j, "prompt");
     if (!p) bad("prompt", "'prompt' is required");
-    const ojson* one = p;
+    auto one = [&](const ojson& x) {
+        completion_request::prompt_item it;
+        if (x.is_string()) {
+            it.text = x.get<std::string>();
+        } else if (x.is_array()) {
+            it.is_ids = true;
+            for (const ojson& t : x) {
+                if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+                    bad("prompt", "a token-id prompt must be an array of non-negative integers");
+                it.ids.push_back((int32_t)t.get<int64_t>());
+            }
+        } else {
+            bad("prompt", "'prompt' must be a string, an array of token ids, or an array of those");
+        }
+        r.prompts.push_back(std::move(it));
+    };
     if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
-        if (p->size() != 1) bad("prompt", "only one prompt per request is supported");
-        one = &p->front();
-    }
-    if (one->is_string()) {
-        r.prompt_text = one->get<std::string>();
-    } else if (one->is_array()) {
-        r.prompt_is_ids = true;
-        for (const ojson& x : *one) {
-            if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
-                bad("prompt", "a token-id prompt must be an array of non-negative integers");
-            r.prompt_ids.push_back((int32_t)x.get<int64_t>());
+        if (p->size() > k_max_prompts) bad("prompt", strprintf("at most %zu prompts per request", k_max_prompts));
+        for (const ojson& x : *p) {
+            if (!x.is_string() && !x.is_array())
+                bad("prompt", "a list of prompts holds strings or arrays of token ids, got " + type_of(x));
+            one(x);
         }
     } else {
-        bad("prompt", "'prompt' must be a string, an array of token ids, or an array of one of those");
+        one(*p);
     }
+    r.prompt_text = r.prompts[0].text;
+    r.prompt_ids = r.prompts[0].ids;
+    r.prompt_is_ids = r.prompts[0].is_ids;
     r.allow_special_tokens = boolean(j, "allow_special_tokens", false);
     if (boolean(j, "echo", false)) bad("echo", "'echo' is not supported", "unsupported_value");
     if (const ojson* s = field(j, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
@@ -623,25 +635,33 @@ ojson chat_chunk(const response_meta& m, const ojson& delta, const std::string& 
     return c;
 }
 
-ojson completion_response(const response_meta& m, const std::string& text, const std::string& finish,
-                          const ojson& usage, const ojson& logprobs) {
+ojson completion_choice(int index, const std::string& text, const std::string& finish, const ojson& logprobs) {
+    return {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}};
+}
+
+ojson completion_response(const response_meta& m, const ojson& choices, const ojson& usage) {
     return {{"id", m.id},
             {"object", "text_completion"},
             {"created", m.created},
             {"model", m.model},
-            {"choices", ojson::array({{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}}})},
+            {"choices", choices},
             {"usage", usage},
             {"system_fingerprint", nullptr}};
 }
 
+ojson completion_response(const response_meta& m, const std::string& text, const std::string& finish,
+                          const ojson& usage, const ojson& logprobs) {
+    return completion_response(m, ojson::array({completion_choice(0, text, finish, logprobs)}), usage);
+}
+
 ojson completion_chunk(const response_meta& m, const std::string& text, const std::string& finish,
-                       const ojson& logprobs, bool include_usage) {
+                       const ojson& logprobs, bool include_usage, int index) {
     ojson c = {{"id", m.id},
                {"object", "text_completion"},
                {"created", m.created},
                {"model", m.model},
                {"system_fingerprint", nullptr},
-               {"choices", ojson::array({{{"index", 0},
+               {"choices", ojson::array({{{"index", index},
                                           {"text", text},
                                           {"logprobs", logprobs},
                                           {"finish_reason", finish.empty() ? ojson(nullptr) : ojson(finish)}}})}};

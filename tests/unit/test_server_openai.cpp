@@ -234,7 +234,21 @@ TEST(server_openai, completion_requests) {
     EXPECT_TRUE(ids.prompt_is_ids);
     EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
     EXPECT_EQ(completion_error("{}").param, "prompt");
-    EXPECT_EQ(completion_error(R"({"prompt": ["a", "b"]})").param, "prompt");
+    // issue 36: a list of prompts, one choice each
+    completion_request many = parse_completion_request(R"({"prompt": ["a", "b", "c"]})", greedy());
+    ASSERT_EQ(many.prompts.size(), 3u);
+    EXPECT_EQ(many.prompts[2].text, "c");
+    EXPECT_FALSE(many.prompts[1].is_ids);
+    completion_request many_ids = parse_completion_request(R"({"prompt": [[1, 2], [3]]})", greedy());
+    ASSERT_EQ(many_ids.prompts.size(), 2u);
+    EXPECT_TRUE(many_ids.prompts[1].is_ids);
+    EXPECT_EQ(many_ids.prompts[1].ids, (std::vector<int32_t>{3}));
+    EXPECT_EQ(parse_completion_request(R"({"prompt": [1, 2]})", greedy()).prompts.size(), 1u);
+    EXPECT_EQ(completion_error(R"({"prompt": ["a", 5]})").param, "prompt");
+    EXPECT_EQ(completion_error(R"({"prompt": ["a", [1, -1]]})").param, "prompt");
+    std::string lots = "[";
+    for (size_t i = 0; i <= k_max_prompts; i++) lots += i ? ", \"x\"" : "\"x\"";
+    EXPECT_EQ(completion_error(R"({"prompt": )" + lots + "]}").param, "prompt");
     EXPECT_EQ(completion_error(R"({"prompt": [1, -2]})").param, "prompt");
     EXPECT_EQ(completion_error(R"({"prompt": "x", "echo": true})").param, "echo");
     EXPECT_EQ(completion_error(R"({"prompt": "x", "n": 3})").param, "n");
