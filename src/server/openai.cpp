@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <random>
+#include <set>
 
 #include "core/check.h"
 #include "model/config.h"
@@ -107,6 +109,45 @@ bool boolean(const ojson& o, const char* k, bool dflt) {
     if (!v) return dflt;
     if (!v->is_boolean()) bad(k, std::string("'") + k + "' must be a boolean, got " + type_of(*v));
     return v->get<bool>();
+}
+
+// ---- field policy (issue 36): every field is read below, is a documented no-op here, or is refused with a 400
+// naming it. Anything else is ignored with a warning on stderr, once per field name per process.
+constexpr const char* k_common_fields[] = {
+    "model", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "stop", "ignore_eos", "stream", "stream_options",
+    "max_tokens", "logprobs", "allow_special_tokens",
+    // no-ops: bookkeeping, caching and routing hints that do not change the output of this server
+    "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"};
+constexpr const char* k_chat_fields[] = {
+    "messages", "tools", "tool_choice", "functions", "function_call", "response_format", "chat_template_kwargs",
+    "reasoning_effort", "top_logprobs", "max_completion_tokens", "modalities", "audio", "web_search_options",
+    // no-ops: parallel_tool_calls (not enforced: the model may emit several calls either way), prediction
+    // (predicted outputs only speed up generation elsewhere; the output is the same)
+    "parallel_tool_calls", "prediction"};
+constexpr const char* k_completion_fields[] = {"prompt", "echo", "suffix"};
+
+template <size_t N>
+bool in(const char* const (&list)[N], const std::string& k) {
+    for (const char* x : list)
+        if (k == x) return true;
+    return false;
+}
+
+std::vector<std::string> unknown_fields(const ojson& j, bool chat) {
+    std::vector<std::string> out;
+    for (const auto& [k, v] : j.items())
+        if (!in(k_common_fields, k) && !(chat ? in(k_chat_fields, k) : in(k_completion_fields, k))) out.push_back(k);
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    std::lock_guard<std::mutex> lk(mu);
+    for (const std::string& k : out) {
+        if (warned.size() >= 1000 || !warned.insert(k).second) continue;  // bounded: names come from clients
+        const std::string shown = dump(ojson(k.size() > 64 ? k.substr(0, 64) + "..." : k));  // quoted, escaped
+        fprintf(stderr, "tansy serve: warning: ignoring unknown request field %s (%s; shown once per name)\n",
+                shown.c_str(), chat ? "/v1/chat/completions" : "/v1/completions");
+    }
+    return out;
 }
 
 // Fields shared by both endpoints: sampling, penalties, stop, stream, n.
@@ -303,31 +344,59 @@ completion_request parse_chat_request(const std::string& body, const sampling_pa
     const ojson j = parse_body(body);
     completion_request r;
     r.chat = true;
+    r.unknown_fields = unknown_fields(j, true);
     parse_common(j, r, defaults);
     r.max_tokens = max_tokens_field(j, -1);
     r.messages = parse_messages(j);
     r.tools = parse_tools(j);
-    if (const ojson* tc = field(j, "tool_choice")) {
+    // legacy: functions / function_call (before tools / tool_choice): the same, spelled differently
+    ojson legacy_choice;
+    if (const ojson* fs = field(j, "functions")) {
+        if (field(j, "tools")) bad("functions", "give 'tools' or the legacy 'functions', not both");
+        if (!fs->is_array()) bad("functions", "'functions' must be an array, got " + type_of(*fs));
+        ojson wrapped = ojson::array();
+        for (const ojson& f : *fs) wrapped.push_back({{"type", "function"}, {"function", f}});
+        try {
+            r.tools = parse_tools(ojson{{"tools", wrapped}});
+        } catch (const api_error& e) {  // name the field the client sent
+            std::string p = e.param;
+            if (p.rfind("tools[", 0) == 0) p = "functions[" + p.substr(6);
+            const size_t f = p.find(".function");
+            if (f != std::string::npos) p.erase(f, 9);
+            throw api_error(e.status, e.what(), p, e.code, e.type);
+        }
+    }
+    if (const ojson* fc = field(j, "function_call")) {
+        if (field(j, "tool_choice")) bad("function_call", "give 'tool_choice' or the legacy 'function_call', not both");
+        if (fc->is_string() && (fc->get<std::string>() == "none" || fc->get<std::string>() == "auto"))
+            legacy_choice = *fc;
+        else if (fc->is_object() && field(*fc, "name"))
+            legacy_choice = {{"type", "function"}, {"function", {{"name", (*fc)["name"]}}}};
+        else
+            bad("function_call", "'function_call' must be \"none\", \"auto\" or {\"name\": ...}");
+    }
+    const char* choice_param = legacy_choice.is_null() ? "tool_choice" : "function_call";
+    if (const ojson* tc = legacy_choice.is_null() ? field(j, "tool_choice") : &legacy_choice) {
         if (tc->is_string()) {
             const std::string s = tc->get<std::string>();
             if (s == "auto") r.tool_choice = tool_choice_mode::automatic;
             else if (s == "none") r.tool_choice = tool_choice_mode::none;
             else if (s == "required") r.tool_choice = tool_choice_mode::required;
-            else bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
+            else bad(choice_param, "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
         } else if (tc->is_object()) {
             const ojson* f = field(*tc, "function");
             const ojson* name = f && f->is_object() ? field(*f, "name") : nullptr;
             if (!name || !name->is_string())
-                bad("tool_choice", "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}");
+                bad(choice_param, "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}");
             r.tool_choice = tool_choice_mode::named;
             r.tool_name = name->get<std::string>();
             if (!has_tool(r.tools, r.tool_name))
-                bad("tool_choice", "tool_choice names '" + r.tool_name + "', which is not among 'tools'");
+                bad(choice_param, "tool_choice names '" + r.tool_name + "', which is not among 'tools'");
         } else {
-            bad("tool_choice", "'tool_choice' must be a string or an object");
+            bad(choice_param, "'tool_choice' must be a string or an object");
         }
         if (r.tool_choice == tool_choice_mode::required && r.tools.is_null())
-            bad("tool_choice", "tool_choice \"required\" needs 'tools'");
+            bad(choice_param, "tool_choice \"required\" needs 'tools'");
     }
     if (const ojson* rf = field(j, "response_format")) {
         if (!rf->is_object()) bad("response_format", "'response_format' must be an object");
@@ -345,9 +414,21 @@ completion_request parse_chat_request(const std::string& body, const sampling_pa
         const std::string s = e->get<std::string>();
         if (s != "none" && s != "minimal" && s != "low" && s != "medium" && s != "high")
             bad("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high");
-        // none turns thinking off, unless chat_template_kwargs says otherwise explicitly
-        if (s == "none" && !r.template_kwargs.contains("enable_thinking")) r.template_kwargs["enable_thinking"] = false;
+        // none / minimal turn thinking off, low / medium / high on (the model has no budget to scale), unless
+        // chat_template_kwargs.enable_thinking says otherwise explicitly
+        if (!r.template_kwargs.contains("enable_thinking"))
+            r.template_kwargs["enable_thinking"] = !(s == "none" || s == "minimal");
     }
+    if (const ojson* m = field(j, "modalities")) {
+        if (!m->is_array()) bad("modalities", "'modalities' must be an array");
+        for (const ojson& x : *m)
+            if (!x.is_string() || x.get<std::string>() != "text")
+                bad("modalities", "only the \"text\" modality is supported", "unsupported_value");
+    }
+    if (field(j, "audio")) bad("audio", "audio output is not supported", "unsupported_value");
+    if (field(j, "web_search_options")) bad("web_search_options", "web search is not supported", "unsupported_value");
+    if (const ojson* p = field(j, "parallel_tool_calls"); p && !p->is_boolean())
+        bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     if (boolean(j, "allow_special_tokens", false))
         bad("allow_special_tokens", "'allow_special_tokens' is only for /v1/completions: in chat requests only the "
                                     "chat template writes special tokens", "unsupported_value");
@@ -366,27 +447,40 @@ completion_request parse_completion_request(const std::string& body, const sampl
     const ojson j = parse_body(body);
     completion_request r;
     r.chat = false;
+    r.unknown_fields = unknown_fields(j, false);
     parse_common(j, r, defaults);
     r.max_tokens = max_tokens_field(j, 16);  // the legacy endpoint's default
     const ojson* p = field(j, "prompt");
     if (!p) bad("prompt", "'prompt' is required");
-    const ojson* one = p;
+    auto one = [&](const ojson& x) {
+        completion_request::prompt_item it;
+        if (x.is_string()) {
+            it.text = x.get<std::string>();
+        } else if (x.is_array()) {
+            it.is_ids = true;
+            for (const ojson& t : x) {
+                if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+                    bad("prompt", "a token-id prompt must be an array of non-negative integers");
+                it.ids.push_back((int32_t)t.get<int64_t>());
+            }
+        } else {
+            bad("prompt", "'prompt' must be a string, an array of token ids, or an array of those");
+        }
+        r.prompts.push_back(std::move(it));
+    };
     if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
-        if (p->size() != 1) bad("prompt", "only one prompt per request is supported");
-        one = &p->front();
-    }
-    if (one->is_string()) {
-        r.prompt_text = one->get<std::string>();
-    } else if (one->is_array()) {
-        r.prompt_is_ids = true;
-        for (const ojson& x : *one) {
-            if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
-                bad("prompt", "a token-id prompt must be an array of non-negative integers");
-            r.prompt_ids.push_back((int32_t)x.get<int64_t>());
+        if (p->size() > k_max_prompts) bad("prompt", strprintf("at most %zu prompts per request", k_max_prompts));
+        for (const ojson& x : *p) {
+            if (!x.is_string() && !x.is_array())
+                bad("prompt", "a list of prompts holds strings or arrays of token ids, got " + type_of(x));
+            one(x);
         }
     } else {
-        bad("prompt", "'prompt' must be a string, an array of token ids, or an array of one of those");
+        one(*p);
     }
+    r.prompt_text = r.prompts[0].text;
+    r.prompt_ids = r.prompts[0].ids;
+    r.prompt_is_ids = r.prompts[0].is_ids;
     r.allow_special_tokens = boolean(j, "allow_special_tokens", false);
     if (boolean(j, "echo", false)) bad("echo", "'echo' is not supported", "unsupported_value");
     if (const ojson* s = field(j, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
@@ -474,13 +568,19 @@ ojson completion_logprobs(const tokenizer& tok, const std::vector<token_event>& 
 
 ojson chat_response(const response_meta& m, const output_parser& p, const std::vector<std::string>& call_ids,
                     const std::string& finish, const ojson& usage, const ojson& logprobs) {
+    return chat_response(m, p.reasoning(), p.content(), p.tool_calls(), call_ids, finish, usage, logprobs);
+}
+
+ojson chat_response(const response_meta& m, const std::string& reasoning, const std::string& content,
+                    const std::vector<parsed_tool_call>& tool_calls, const std::vector<std::string>& call_ids,
+                    const std::string& finish, const ojson& usage, const ojson& logprobs) {
     ojson msg = {{"role", "assistant"},
-                 {"content", p.content().empty() && !p.tool_calls().empty() ? ojson(nullptr) : ojson(p.content())},
-                 {"reasoning_content", p.reasoning().empty() ? ojson(nullptr) : ojson(p.reasoning())}};
-    if (!p.tool_calls().empty()) {
+                 {"content", content.empty() && !tool_calls.empty() ? ojson(nullptr) : ojson(content)},
+                 {"reasoning_content", reasoning.empty() ? ojson(nullptr) : ojson(reasoning)}};
+    if (!tool_calls.empty()) {
         ojson calls = ojson::array();
-        for (size_t i = 0; i < p.tool_calls().size(); i++) {
-            const parsed_tool_call& c = p.tool_calls()[i];
+        for (size_t i = 0; i < tool_calls.size(); i++) {
+            const parsed_tool_call& c = tool_calls[i];
             calls.push_back({{"id", i < call_ids.size() ? call_ids[i] : new_id("call_")},
                              {"type", "function"},
                              {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
@@ -535,25 +635,33 @@ ojson chat_chunk(const response_meta& m, const ojson& delta, const std::string& 
     return c;
 }
 
-ojson completion_response(const response_meta& m, const std::string& text, const std::string& finish,
-                          const ojson& usage, const ojson& logprobs) {
+ojson completion_choice(int index, const std::string& text, const std::string& finish, const ojson& logprobs) {
+    return {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}};
+}
+
+ojson completion_response(const response_meta& m, const ojson& choices, const ojson& usage) {
     return {{"id", m.id},
             {"object", "text_completion"},
             {"created", m.created},
             {"model", m.model},
-            {"choices", ojson::array({{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}}})},
+            {"choices", choices},
             {"usage", usage},
             {"system_fingerprint", nullptr}};
 }
 
+ojson completion_response(const response_meta& m, const std::string& text, const std::string& finish,
+                          const ojson& usage, const ojson& logprobs) {
+    return completion_response(m, ojson::array({completion_choice(0, text, finish, logprobs)}), usage);
+}
+
 ojson completion_chunk(const response_meta& m, const std::string& text, const std::string& finish,
-                       const ojson& logprobs, bool include_usage) {
+                       const ojson& logprobs, bool include_usage, int index) {
     ojson c = {{"id", m.id},
                {"object", "text_completion"},
                {"created", m.created},
                {"model", m.model},
                {"system_fingerprint", nullptr},
-               {"choices", ojson::array({{{"index", 0},
+               {"choices", ojson::array({{{"index", index},
                                           {"text", text},
                                           {"logprobs", logprobs},
                                           {"finish_reason", finish.empty() ? ojson(nullptr) : ojson(finish)}}})}};

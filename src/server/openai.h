@@ -48,6 +48,14 @@ struct completion_request {
     std::string prompt_text;
     std::vector<int32_t> prompt_ids;  // a prompt given as token ids
     bool prompt_is_ids = false;
+    // every prompt of the request (the first is also in prompt_text / prompt_ids above): "prompt" may be a
+    // list of strings or of token-id lists; each is its own sequence and its own choice (index in order)
+    struct prompt_item {
+        std::string text;
+        std::vector<int32_t> ids;
+        bool is_ids = false;
+    };
+    std::vector<prompt_item> prompts;
     // Trusted raw prompts: the text of special and added tokens in the prompt becomes those tokens
     // ("<|im_start|>" -> its id). Off by default: client text is tokenised as plain text (issue 29).
     bool allow_special_tokens = false;
@@ -63,6 +71,10 @@ struct completion_request {
     bool ignore_eos = false;
     bool stream = false, include_usage = false;
     int logprobs = -1;  // -1: none; else the number of top alternatives per token
+    // Fields the server does not know, ignored (warned about on stderr once per name). The documented
+    // no-ops (user, metadata, store, service_tier, prompt_cache_key, safety_identifier, parallel_tool_calls,
+    // prediction) are not listed here.
+    std::vector<std::string> unknown_fields;
 };
 
 // `defaults`: the model's sampling defaults (generation_config.json), used for fields the request omits.
@@ -93,6 +105,9 @@ ojson completion_logprobs(const tokenizer& tok, const std::vector<token_event>& 
 // A finished chat completion.
 ojson chat_response(const response_meta& m, const output_parser& p, const std::vector<std::string>& call_ids,
                     const std::string& finish, const ojson& usage, const ojson& logprobs);
+ojson chat_response(const response_meta& m, const std::string& reasoning, const std::string& content,
+                    const std::vector<parsed_tool_call>& calls, const std::vector<std::string>& call_ids,
+                    const std::string& finish, const ojson& usage, const ojson& logprobs);
 // One chat.completion.chunk: `delta` as given; finish null when empty; usage included when include_usage.
 ojson chat_chunk(const response_meta& m, const ojson& delta, const std::string& finish, const ojson& logprobs,
                  bool include_usage);
@@ -102,7 +117,11 @@ ojson chat_delta(const parsed_delta& d, std::vector<std::string>& call_ids);
 ojson completion_response(const response_meta& m, const std::string& text, const std::string& finish,
                           const ojson& usage, const ojson& logprobs);
 ojson completion_chunk(const response_meta& m, const std::string& text, const std::string& finish,
-                       const ojson& logprobs, bool include_usage);
+                       const ojson& logprobs, bool include_usage, int index = 0);
+// One choice of a text completion, and a response with several (one per prompt).
+ojson completion_choice(int index, const std::string& text, const std::string& finish, const ojson& logprobs);
+ojson completion_response(const response_meta& m, const ojson& choices, const ojson& usage);
+constexpr size_t k_max_prompts = 64;  // prompts in one /v1/completions request
 // The final usage-only chunk of a stream (choices empty).
 ojson usage_chunk(const response_meta& m, bool chat, const ojson& usage);
 

@@ -73,7 +73,27 @@ void completion_text::emit(const std::string& s, text_delta& out) {
         out.text += s;
         return;
     }
-    append(out.parsed, parser_.push(s));
+    emit_parsed(parser_.push(s), out);
+}
+
+// Chat: the parser's step with its content run through the stop strings.
+void completion_text::emit_parsed(parsed_delta d, text_delta& out) {
+    if (stop_.matched()) return;
+    parsed_delta v;
+    v.reasoning = std::move(d.reasoning);
+    v.content = stop_.push(d.content);
+    if (!stop_.matched() && !d.tool_calls.empty()) {
+        v.content += stop_.flush();  // a call ends the content: what was held for a possible stop string is text
+        for (tool_call_delta& t : d.tool_calls) {
+            if ((size_t)t.index >= calls_.size()) calls_.resize((size_t)t.index + 1);
+            if (!t.name.empty()) calls_[(size_t)t.index].name = t.name;
+            calls_[(size_t)t.index].arguments += t.arguments;
+        }
+        v.tool_calls = std::move(d.tool_calls);
+    }
+    reasoning_ += v.reasoning;
+    content_ += v.content;
+    append(out.parsed, std::move(v));
 }
 
 void completion_text::push(const token_event& e, text_delta& out) {
@@ -85,18 +105,29 @@ void completion_text::push(const token_event& e, text_delta& out) {
     }
     if (std::find(eos_.begin(), eos_.end(), e.id) != eos_.end()) return;  // the end of the turn is not text
     out.logprobs.push_back(e);
+    // chat: stop strings apply after the parser (emit_parsed); completions: to the text here
+    auto cut = [&](std::string s) { return opt_.chat ? s : stop_.push(s); };
     if (e.id < 0 || e.id >= tok_.size()) {  // a synthetic model's id: ends any partial character
-        emit(stop_.push(dec_.flush() + std::string(UNKNOWN_TOKEN_TEXT)), out);
+        emit(cut(dec_.flush() + std::string(UNKNOWN_TOKEN_TEXT)), out);
         return;
     }
-    emit(stop_.push(dec_.push(e.id)), out);
+    emit(cut(dec_.push(e.id)), out);
 }
 
 void completion_text::finish(text_delta& out) {
-    if (!stop_.matched()) emit(stop_.push(dec_.flush()), out);
-    emit(stop_.flush(), out);
-    if (!opt_.chat) return;
-    append(out.parsed, parser_.finish());
+    if (!opt_.chat) {
+        if (!stop_.matched()) emit(stop_.push(dec_.flush()), out);
+        emit(stop_.flush(), out);
+        return;
+    }
+    if (stop_.matched()) return;
+    emit(dec_.flush(), out);
+    emit_parsed(parser_.finish(), out);
+    if (stop_.matched()) return;
+    parsed_delta rest;
+    rest.content = stop_.flush();
+    content_ += rest.content;
+    append(out.parsed, std::move(rest));
 }
 
 }  // namespace tansy

@@ -1,6 +1,9 @@
 // What the HTTP worker does with a sequence's tokens: detokenise (stream_decoder), cut at stop strings (held
 // back while they may still match, never emitted), and for chat split into reasoning / content / tool calls
 // (output_parser). Also counts tokens the way usage reports them.
+// Chat: stop strings are matched against the content only (after the parser), never against the reasoning
+// or tool-call markup (issue 36); a match ends the answer there, and later tool calls are dropped.
+// Completions: against the whole text.
 #pragma once
 #include <string>
 #include <string_view>
@@ -59,9 +62,14 @@ class completion_text {
     int64_t reasoning_tokens() const { return n_reasoning_; }
     const output_parser& parser() const { return parser_; }
     const std::string& text() const { return text_; }  // plain mode: everything emitted
+    // chat: everything emitted (the concatenated deltas; what the parser saw, cut at a stop string)
+    const std::string& reasoning() const { return reasoning_; }
+    const std::string& content() const { return content_; }
+    const std::vector<parsed_tool_call>& tool_calls() const { return calls_; }
 
   private:
     void emit(const std::string& s, text_delta& out);
+    void emit_parsed(parsed_delta d, text_delta& out);
 
     const tokenizer& tok_;
     std::vector<int32_t> eos_;
@@ -70,7 +78,8 @@ class completion_text {
     stream_decoder dec_;
     stop_matcher stop_;
     output_parser parser_;
-    std::string text_;
+    std::string text_, reasoning_, content_;
+    std::vector<parsed_tool_call> calls_;
     bool in_reasoning_;
     int64_t n_tokens_ = 0, n_reasoning_ = 0;
 };

@@ -401,7 +401,12 @@ class chat_renderer {
         std::string content = py_strip(render_content(attr(msgs_[i], "content"), true, false));
         const json* r = role(i);
         if (is_str(r, "system")) {
-            if (i != 0) raise_exception("System message must be at the beginning.");
+            if (i != 0 && !opt_.system_anywhere) raise_exception("System message must be at the beginning.");
+            if (i != 0) {  // chat_options::system_anywhere: a system turn of its own, where it was sent
+                out_ += "<|im_start|>system\n";
+                client(content);
+                out_ += "<|im_end|>\n";
+            }
         } else if (is_str(r, "user")) {
             out_ += "<|im_start|>user\n";
             client(content);

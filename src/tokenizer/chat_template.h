@@ -31,6 +31,12 @@ struct chat_options {
     // A key that is absent is undefined in the template. Other keys are ignored.
     nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
     chat_template_variant variant = chat_template_variant::qwen3_6;
+    // Not in the template (which rejects it: "System message must be at the beginning."): a system message
+    // after the first becomes a "<|im_start|>system\n...<|im_end|>\n" turn at its own position, its content
+    // trimmed like every other. The OpenAI API allows system/developer messages anywhere (pydantic-ai appends
+    // one per output-validation retry); the server turns this on. The first message keeps the template's
+    // treatment (merged with the tool block).
+    bool system_anywhere = false;
 };
 
 // messages: a JSON array of message objects. tools: null, or an array of tool schemas (each dumped whole).

@@ -513,8 +513,71 @@ def group_api():
                               srv.url("/v1/chat/completions")], capture_output=True, text=True, timeout=60).stdout
         check(json.loads(out)["object"] == "chat.completion", out[:300])
 
+    def issue36_clients():
+        # 1. a system/developer message after the first is a system turn in place, never a 400
+        for role in ("system", "developer"):
+            r = cl.chat.completions.create(model=MODEL, max_tokens=5, messages=[
+                {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                {"role": role, "content": "Answer in JSON."}, {"role": "user", "content": "again"}])
+            check(r.choices[0].finish_reason in ("stop", "length"), r)
+        # 2. a list of prompts: one choice each, in order, each equal to its single-prompt completion
+        prompts = ["Once upon a time", "The cat", "In the beginning"]
+        singles = [cl.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0).choices[0].text
+                   for p in prompts]
+        r = cl.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0)
+        check([c.index for c in r.choices] == [0, 1, 2], r.choices)
+        check([c.text for c in r.choices] == singles, (r.choices, singles))
+        check(r.usage.completion_tokens <= 24 and r.usage.prompt_tokens >= 6, r.usage)
+        texts = {}
+        finishes = {}
+        for ch in cl.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0, stream=True):
+            for c in ch.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+                if c.finish_reason:
+                    finishes[c.index] = c.finish_reason
+        check([texts.get(i) for i in range(3)] == singles and len(finishes) == 3, (texts, singles, finishes))
+        ids = cl.completions.create(model=MODEL, prompt=[[1, 2, 3], [4, 5]], max_tokens=3, temperature=0)
+        check(len(ids.choices) == 2 and ids.usage.prompt_tokens == 5, ids)
+        # 3. a stop string found only in the reasoning does not end the request
+        kw = dict(model=MODEL, messages=[{"role": "user", "content": "Why is the sky blue?"}], temperature=0,
+                  max_tokens=60)
+        full = cl.chat.completions.create(**kw).choices[0].message
+        reasoning = full.reasoning_content or ""
+        words = [w for w in re.findall(r"[A-Za-z]{4,}", reasoning) if w not in (full.content or "")]
+        if words:
+            r = cl.chat.completions.create(stop=[words[0]], **kw).choices[0].message
+            check(r.reasoning_content == full.reasoning_content and r.content == full.content, (words[0], r, full))
+        # 4. tool_choice none: <tool_call> can not be generated, even when pushed hard
+        msgs, tools = tool_messages()
+        for fields in ({"tools": tools, "tool_choice": "none"}, {"functions": [t["function"] for t in tools],
+                                                                  "function_call": "none"}):
+            s, _, body = srv.request("POST", "/v1/chat/completions", json.dumps(dict(
+                model=MODEL, messages=msgs, max_tokens=20, temperature=0, logit_bias={"4067": 100},
+                chat_template_kwargs={"enable_thinking": False}, **fields)).encode())
+            check(s == 200, body)
+            m = json.loads(body)["choices"][0]["message"]
+            check("<tool_call>" not in (m["content"] or "") and not m.get("tool_calls"), m)
+        # the same push without tool_choice none does produce the token (the test above can fail)
+        s, _, body = srv.request("POST", "/v1/chat/completions", json.dumps(dict(
+            model=MODEL, messages=msgs, max_tokens=5, temperature=0, logit_bias={"4067": 100},
+            chat_template_kwargs={"enable_thinking": False})).encode())
+        m = json.loads(body)["choices"][0]["message"]
+        check(m.get("tool_calls") or "<tool_call>" in (m["content"] or ""), m)
+        # 5. field policy: no-ops accepted, unsupported refused naming the field, unknown warned once
+        r = cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                       user="u", metadata={"k": "v"}, store=False, parallel_tool_calls=False,
+                                       reasoning_effort="minimal", extra_body={"tansy_unknown_probe": 1})
+        check(not r.choices[0].message.reasoning_content, r)
+        cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+                                   extra_body={"tansy_unknown_probe": 2})
+        s, _, body = srv.request("POST", "/v1/chat/completions", json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}], "audio": {"voice": "alloy"}}).encode())
+        check(s == 400 and json.loads(body)["error"]["param"] == "audio", body)
+        time.sleep(0.2)
+        check(sum("tansy_unknown_probe" in l for l in srv.log) == 1, [l for l in srv.log if "probe" in l])
+
     run_tests([health_models_metrics, tools_round_trip, reasoning_on_off, usage_chunk, stop_sequences, completions,
-               json_mode, logprobs, tool_choice, sampling_fields, errors, curl])
+               json_mode, logprobs, tool_choice, sampling_fields, errors, curl, issue36_clients])
     srv.check_clean_exit(srv.stop())
 
 

@@ -72,6 +72,63 @@ TEST(server_openai, every_field_is_read) {
     EXPECT_EQ(r.template_kwargs["enable_thinking"], false);
 }
 
+// Issue 36: every field is read, a documented no-op, or a 400 naming it; others are listed (and warned about).
+TEST(server_openai, field_policy) {
+    completion_request r = parse_chat_request("{" + k_hi + R"(, "user": "u", "metadata": {"a": "b"}, "store": false,
+        "service_tier": "auto", "prompt_cache_key": "k", "safety_identifier": "s", "parallel_tool_calls": false,
+        "prediction": {"type": "content", "content": "x"}, "modalities": ["text"], "some_future_field": 1,
+        "other_one": null})", greedy());
+    EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"some_future_field", "other_one"}));
+    testing::internal::CaptureStderr();
+    parse_chat_request("{" + k_hi + R"(, "field_policy_probe": 1})", greedy());
+    parse_chat_request("{" + k_hi + R"(, "field_policy_probe": 2})", greedy());
+    const std::string log = testing::internal::GetCapturedStderr();
+    EXPECT_NE(log.find("field_policy_probe"), std::string::npos) << log;
+    EXPECT_EQ(log.find("field_policy_probe"), log.rfind("field_policy_probe")) << "warned once per name: " << log;
+    EXPECT_TRUE(parse_completion_request(R"({"prompt": "x", "user": "u", "metadata": {}})", greedy()).unknown_fields.empty());
+    EXPECT_EQ(parse_completion_request(R"({"prompt": "x", "messages": []})", greedy()).unknown_fields,
+              (std::vector<std::string>{"messages"}));
+    // refused, naming the field
+    for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+             {R"("modalities": ["text", "audio"])", "modalities"},
+             {R"("audio": {"voice": "alloy", "format": "wav"})", "audio"},
+             {R"("web_search_options": {})", "web_search_options"},
+             {R"("parallel_tool_calls": "yes")", "parallel_tool_calls"}}) {
+        const api_error e = chat_error("{" + k_hi + ", " + body + "}");
+        EXPECT_EQ(e.status, 400) << body;
+        EXPECT_EQ(e.param, param) << body;
+    }
+    // reasoning_effort: none / minimal off, low / medium / high on
+    for (const char* e : {"none", "minimal"})
+        EXPECT_FALSE(parse_chat_request("{" + k_hi + R"(, "reasoning_effort": ")" + e + "\"}", greedy()).thinking) << e;
+    for (const char* e : {"low", "medium", "high"})
+        EXPECT_TRUE(parse_chat_request("{" + k_hi + R"(, "reasoning_effort": ")" + e + "\"}", greedy()).thinking) << e;
+}
+
+// Issue 36: the legacy functions / function_call fields are tools / tool_choice.
+TEST(server_openai, legacy_functions_map_onto_tools) {
+    const std::string fs = R"("functions": [{"name": "f", "parameters": {"type": "object"}}, {"name": "g"}])";
+    completion_request r = parse_chat_request("{" + k_hi + ", " + fs + "}", greedy());
+    ASSERT_TRUE(r.tools.is_array());
+    ASSERT_EQ(r.tools.size(), 2u);
+    EXPECT_EQ(r.tools[0]["type"], "function");
+    EXPECT_EQ(r.tools[1]["function"]["name"], "g");
+    EXPECT_EQ(r.tool_choice, tool_choice_mode::automatic);
+    EXPECT_EQ(parse_chat_request("{" + k_hi + ", " + fs + R"(, "function_call": "none"})", greedy()).tool_choice,
+              tool_choice_mode::none);
+    EXPECT_EQ(parse_chat_request("{" + k_hi + ", " + fs + R"(, "function_call": "auto"})", greedy()).tool_choice,
+              tool_choice_mode::automatic);
+    r = parse_chat_request("{" + k_hi + ", " + fs + R"(, "function_call": {"name": "g"}})", greedy());
+    EXPECT_EQ(r.tool_choice, tool_choice_mode::named);
+    EXPECT_EQ(r.tool_name, "g");
+    EXPECT_EQ(chat_error("{" + k_hi + ", " + fs + R"(, "function_call": {"name": "h"}})").param, "function_call");
+    EXPECT_EQ(chat_error("{" + k_hi + ", " + fs + R"(, "function_call": "required"})").param, "function_call");
+    EXPECT_EQ(chat_error("{" + k_hi + R"(, "functions": [{"name": ""}]})").param, "functions[0].name");
+    EXPECT_EQ(chat_error("{" + k_hi + R"(, "functions": 3})").param, "functions");
+    EXPECT_EQ(chat_error("{" + k_hi + ", " + fs + R"(, "tools": []})").param, "functions");
+    EXPECT_TRUE(r.unknown_fields.empty());
+}
+
 TEST(server_openai, thinking_switches) {
     EXPECT_FALSE(parse_chat_request("{" + k_hi + R"(, "chat_template_kwargs": {"enable_thinking": false}})", greedy()).thinking);
     EXPECT_TRUE(parse_chat_request("{" + k_hi + R"(, "chat_template_kwargs": {"enable_thinking": 0}})", greedy()).thinking)
@@ -177,7 +234,21 @@ TEST(server_openai, completion_requests) {
     EXPECT_TRUE(ids.prompt_is_ids);
     EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
     EXPECT_EQ(completion_error("{}").param, "prompt");
-    EXPECT_EQ(completion_error(R"({"prompt": ["a", "b"]})").param, "prompt");
+    // issue 36: a list of prompts, one choice each
+    completion_request many = parse_completion_request(R"({"prompt": ["a", "b", "c"]})", greedy());
+    ASSERT_EQ(many.prompts.size(), 3u);
+    EXPECT_EQ(many.prompts[2].text, "c");
+    EXPECT_FALSE(many.prompts[1].is_ids);
+    completion_request many_ids = parse_completion_request(R"({"prompt": [[1, 2], [3]]})", greedy());
+    ASSERT_EQ(many_ids.prompts.size(), 2u);
+    EXPECT_TRUE(many_ids.prompts[1].is_ids);
+    EXPECT_EQ(many_ids.prompts[1].ids, (std::vector<int32_t>{3}));
+    EXPECT_EQ(parse_completion_request(R"({"prompt": [1, 2]})", greedy()).prompts.size(), 1u);
+    EXPECT_EQ(completion_error(R"({"prompt": ["a", 5]})").param, "prompt");
+    EXPECT_EQ(completion_error(R"({"prompt": ["a", [1, -1]]})").param, "prompt");
+    std::string lots = "[";
+    for (size_t i = 0; i <= k_max_prompts; i++) lots += i ? ", \"x\"" : "\"x\"";
+    EXPECT_EQ(completion_error(R"({"prompt": )" + lots + "]}").param, "prompt");
     EXPECT_EQ(completion_error(R"({"prompt": [1, -2]})").param, "prompt");
     EXPECT_EQ(completion_error(R"({"prompt": "x", "echo": true})").param, "echo");
     EXPECT_EQ(completion_error(R"({"prompt": "x", "n": 3})").param, "n");

@@ -119,6 +119,77 @@ TEST(server_text, completion_text_counts_reasoning_tokens) {
     EXPECT_EQ(d.logprobs.size(), ids.size()) << "the end-of-turn token is not part of the output";
 }
 
+// Issue 36: in chat, stop strings are matched against the answer (content) only: not the reasoning, not the
+// tool-call markup.
+struct chat_run {
+    std::string streamed_reasoning, streamed_content;
+    int n_call_pieces = 0;
+};
+chat_run run_chat(completion_text& ct, const std::string& out) {
+    chat_run r;
+    const tokenizer& tok = tiny().tok();
+    auto take = [&](const text_delta& d) {
+        r.streamed_reasoning += d.parsed.reasoning;
+        r.streamed_content += d.parsed.content;
+        r.n_call_pieces += (int)d.parsed.tool_calls.size();
+    };
+    for (int32_t id : tok.encode(out)) {
+        text_delta d;
+        token_event e;
+        e.id = id;
+        ct.push(e, d);
+        take(d);
+    }
+    text_delta d;
+    ct.finish(d);
+    take(d);
+    return r;
+}
+
+TEST(server_text, chat_stop_strings_match_the_answer_only) {
+    const tokenizer& tok = tiny().tok();
+    text_options o;
+    o.chat = true;
+    o.thinking = true;
+    o.stop = {"think", "function"};
+    {
+        completion_text ct(tok, tiny().eos(), tiny().think_end(), o);
+        const chat_run r = run_chat(ct, "I think about it.</think>\n\nWe think so. More.");
+        EXPECT_EQ(ct.reasoning(), "I think about it.") << "the reasoning is not cut";
+        EXPECT_EQ(ct.content(), "We ");
+        EXPECT_TRUE(ct.stop_matched());
+        EXPECT_EQ(r.streamed_reasoning, ct.reasoning());
+        EXPECT_EQ(r.streamed_content, ct.content());
+    }
+    {  // tool-call markup is not matched; the call is kept
+        o.tools = true;
+        completion_text ct(tok, tiny().eos(), tiny().think_end(), o);
+        const chat_run r = run_chat(ct, "ok</think>\n\nCalling.\n<tool_call>\n<function=f>\n<parameter=a>\n1\n"
+                                        "</parameter>\n</function>\n</tool_call>");
+        EXPECT_FALSE(ct.stop_matched());
+        EXPECT_EQ(ct.content(), "Calling.");
+        ASSERT_EQ(ct.tool_calls().size(), 1u);
+        EXPECT_EQ(ct.tool_calls()[0].name, "f");
+        EXPECT_EQ(ct.tool_calls()[0].arguments, ct.parser().tool_calls()[0].arguments);
+        EXPECT_GT(r.n_call_pieces, 0);
+        EXPECT_EQ(r.streamed_content, ct.content());
+    }
+    {  // a stop string in the content before a call: the call is dropped
+        completion_text ct(tok, tiny().eos(), tiny().think_end(), o);
+        run_chat(ct, "ok</think>\n\nI think I will call.\n<tool_call>\n<function=f>\n</function>\n</tool_call>");
+        EXPECT_TRUE(ct.stop_matched());
+        EXPECT_EQ(ct.content(), "I ");
+        EXPECT_TRUE(ct.tool_calls().empty());
+    }
+    {  // a held-back possible stop string is released at the end
+        o.stop = {"thinker"};
+        completion_text ct(tok, tiny().eos(), tiny().think_end(), o);
+        const chat_run r = run_chat(ct, "a</think>\n\nto think");
+        EXPECT_EQ(ct.content(), "to think");
+        EXPECT_EQ(r.streamed_content, "to think");
+    }
+}
+
 TEST(server_text, json_prefix_accepts_json_and_completes_every_prefix) {
     const std::vector<std::string> docs = {
         R"({})", R"( {"a": 1})", R"({"a": [1, -2.5e+3, true, false, null, "x\"y\\u00e9"], "b": {"c": {}}})",
