@@ -587,10 +587,10 @@ def normalize(s):
     return " ".join(s.split())
 
 
-def tansy_run(*args):
+def tansy_run(*args, stderr=False):
     r = subprocess.run([ARGS.tansy, "run", "--threads", "1"] + list(args), capture_output=True, text=True, timeout=300)
     check(r.returncode == 0, r.stderr)
-    return r.stdout
+    return (r.stdout, r.stderr) if stderr else r.stdout
 
 
 def group_greedy():
@@ -611,18 +611,20 @@ def group_greedy():
                  (["--prompt", "Write a haiku about rain.", "--no-think"],
                   [{"role": "user", "content": "Write a haiku about rain."}], None, False)]
         for run_args, msgs, tools, thinking in cases:
-            out = tansy_run(*run_args, "-n", "200")
+            # on a pipe, `tansy run` writes the answer to stdout and the reasoning to stderr
+            out, err = tansy_run(*run_args, "-n", "200", stderr=True)
             kw = dict(model=MODEL, messages=msgs, temperature=0, max_tokens=200,
                       extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
             if tools:
                 kw["tools"] = tools
             m = cl.chat.completions.create(**kw).choices[0].message
-            text = (m.reasoning_content or "") + "\n" + (m.content or "")
+            text = m.content or ""
             for tc in m.tool_calls or []:  # the call as the model wrote it
                 args = json.loads(tc.function.arguments)
                 text += f"\n<tool_call>\n<function={tc.function.name}>\n" + "".join(
                     f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in args.items()) + "</function>\n</tool_call>"
             check(normalize(text) == normalize(out), f"server: {text!r}\nrun:    {out!r}")
+            check(normalize(m.reasoning_content or "") == normalize(err), f"server: {m.reasoning_content!r}\nrun:    {err!r}")
 
     run_tests([raw_completion_equals_tansy_run_raw, chat_equals_tansy_run])
     srv.check_clean_exit(srv.stop())
