@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "loader/hf_cache.h"
 #include "model/config.h"
 
 namespace tansy {
@@ -134,6 +135,10 @@ std::vector<int32_t> read_ids_file(const std::string& path) {
     }
     if (ids.empty()) fail("%s: contains no token ids", path.c_str());
     return ids;
+}
+
+std::string model_path_arg(const arg_parser& p, const std::string& name, const std::string& dflt) {
+    return p.has(name) ? resolve_model_path(p.str(name)) : dflt;
 }
 
 }  // namespace tansy

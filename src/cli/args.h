@@ -37,6 +37,10 @@ class arg_parser {
     std::map<std::string, std::vector<std::string>> values_;
 };
 
+// A checkpoint option (--model, --compare-model) as a path: a directory as given, or ORG/NAME[@REV] found in the
+// local Hugging Face cache (loader/hf_cache.h); `dflt` when the option is absent.
+std::string model_path_arg(const arg_parser& p, const std::string& name = "--model", const std::string& dflt = "");
+
 // Token ids from a file: integers separated by whitespace and/or commas (a JSON array also works).
 std::vector<int32_t> read_ids_file(const std::string& path);
 

@@ -43,7 +43,7 @@ int cmd_convert(int argc, char** argv) {
     if (!p.has("--model")) fail("convert: --model is required");
     if (!p.has("--out")) fail("convert: --out is required");
     convert_options o;
-    o.src = p.str("--model");
+    o.src = model_path_arg(p);
     o.out = p.str("--out");
     const quant_method method = parse_quant_method(p.str("--method", quant_method_name(default_quant_method)));
     if (method == quant_method::minmax) o.policy = quant_policy::mlx();

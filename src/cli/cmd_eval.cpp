@@ -235,7 +235,7 @@ int cmd_eval(int argc, char** argv) {
     const bool compare = p.has("--compare-model") || p.has("--compare-backend") || p.has("--compare-weights") ||
                          p.has("--compare-kv-cache");
     engine_options ob = oa;
-    if (p.has("--compare-model")) ob.model_dir = p.str("--compare-model");
+    if (p.has("--compare-model")) ob.model_dir = model_path_arg(p, "--compare-model");
     if (p.has("--compare-backend")) ob.backend = p.str("--compare-backend");
     if (p.has("--compare-weights")) ob.weights = p.str("--compare-weights");
     if (p.has("--compare-kv-cache")) ob.backend_opt.kv_fp8 = kv_fp8_from(p.str("--compare-kv-cache"), "--compare-kv-cache");

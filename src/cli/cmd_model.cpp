@@ -19,7 +19,9 @@ static double seconds_since(clock_type::time_point t0) {
 }
 
 void add_engine_options(arg_parser& p) {
-    p.option("--model", "DIR", "checkpoint directory (HF bf16 or MLX 4-bit); default: the bundled tiny model")
+    p.option("--model", "DIR|ORG/NAME[@REV]",
+             "checkpoint directory (HF bf16 or MLX 4-bit), or a Hugging Face repo id found in the local hub cache "
+             "(hf download ORG/NAME); default: the bundled tiny model")
         .option("--backend", "NAME", "cpu or cuda (default cpu)")
         .option("--threads", "N", "CPU threads (default: all cores)")
         .option("--weights", "W",
@@ -40,7 +42,7 @@ void add_engine_options(arg_parser& p) {
 
 engine_options engine_options_from(const arg_parser& p) {
     engine_options o;
-    o.model_dir = p.str("--model");
+    o.model_dir = model_path_arg(p);
     o.backend = p.str("--backend", "cpu");
     o.threads = (int)p.integer("--threads", 0);
     if (o.threads < 0) fail("--threads must be >= 0");
@@ -149,9 +151,10 @@ int cmd_generate(int argc, char** argv) {
 
 int cmd_info(int argc, char** argv) {
     arg_parser p("info", "[--model DIR]", "Loads a checkpoint and describes it.");
-    p.option("--model", "DIR", "checkpoint directory; default: the bundled tiny model");
+    p.option("--model", "DIR|ORG/NAME[@REV]",
+             "checkpoint directory or Hugging Face repo id (local hub cache); default: the bundled tiny model");
     if (!p.parse(argc, argv)) return 0;
-    std::string dir = p.str("--model", default_model_dir());
+    std::string dir = model_path_arg(p, "--model", default_model_dir());
     model m = load_model(dir);
     size_t weight_bytes = 0;
     for (const st_tensor* t : m.ckpt->tensors()) weight_bytes += t->nbytes();

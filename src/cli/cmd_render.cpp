@@ -35,7 +35,7 @@ int cmd_render(int argc, char** argv) {
         .option("--request-file", "F", "chat request JSON");
     if (!p.parse(argc, argv)) return 0;
     if (!p.has("--request-file")) fail("render: --request-file is required");
-    const std::string model_dir = p.str("--model", default_model_dir());
+    const std::string model_dir = model_path_arg(p, "--model", default_model_dir());
     // The template is native, so the model's files are not needed; the directory must still exist so that a
     // typo fails now rather than when rendering starts to depend on the model (e.g. its chat_template.jinja).
     if (!std::filesystem::exists(model_dir)) fail("render: model directory '%s' does not exist", model_dir.c_str());

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "core/check.h"
+#include "loader/hf_cache.h"
 #include "server/server.h"
 
 namespace tansy {
@@ -108,6 +109,9 @@ int cmd_serve(int argc, char** argv) {
     if (o.api_key.empty())
         if (const char* k = std::getenv("TANSY_API_KEY")) o.api_key = k;
     o.model_name = p.str("--model-name");
+    // a checkpoint from the Hugging Face cache is served as ORG/NAME, not as its snapshot's hash
+    if (o.model_name.empty() && p.has("--model") && o.engine.model_dir != p.str("--model"))
+        o.model_name = hf_repo_name(p.str("--model"));
     o.sched.max_batch = (int)p.integer("--max-batch", 16);
     if (o.sched.max_batch < 1 || o.sched.max_batch > 4096) fail("serve: --max-batch must be in [1, 4096]");
     o.sched.max_queue = (int)p.integer("--max-queue", 64);

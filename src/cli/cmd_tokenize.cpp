@@ -23,7 +23,7 @@ int cmd_tokenize(int argc, char** argv) {
         .option("--ids-file", "F", "token ids separated by whitespace or commas (for --decode)")
         .option("--skip-special", "", "with --decode: leave special tokens out");
     if (!p.parse(argc, argv)) return 0;
-    const tokenizer tok = tokenizer::load(p.str("--model", default_model_dir()));
+    const tokenizer tok = tokenizer::load(model_path_arg(p, "--model", default_model_dir()));
 
     if (p.has("--decode")) {
         if (!p.has("--ids-file")) fail("tokenize: --decode needs --ids-file");

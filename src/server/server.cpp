@@ -23,8 +23,14 @@
 #include "server/openai.h"
 #include "server/queue.h"
 #include "server/text_stream.h"
+#include "server/tokenize_api.h"
 #include "server/tokenize_pool.h"
 #include "tokenizer/chat_template.h"
+
+// the project version (CMakeLists.txt gives it to this file only)
+#ifndef TANSY_VERSION
+#define TANSY_VERSION "unknown"
+#endif
 
 namespace tansy {
 
@@ -154,7 +160,8 @@ struct server::state {
         });
         http.set_logger([this](const http_request& r, int status) {
             if (r.path != "/v1/chat/completions" && r.path != "/v1/completions" && r.path != "/health" &&
-                r.path != "/metrics" && status >= 400)
+                r.path != "/metrics" && r.path != "/tokenize" && r.path != "/detokenize" && r.path != "/props" &&
+                status >= 400)
                 log_line(strprintf("- %d %s %s", status, r.method.c_str(), r.path.c_str()));
         });
         http.route("GET", "/health", [this](const http_request&, http_response& res) {
@@ -194,6 +201,61 @@ struct server::state {
                    [this](const http_request& req, http_response& res) { handle_completion(req, res, true); });
         http.route("POST", "/v1/completions",
                    [this](const http_request& req, http_response& res) { handle_completion(req, res, false); });
+        utility_route("POST", "/tokenize", "tokenize", [this](const http_request& req) {
+            const tokenize_request r = parse_tokenize_request(req.body);
+            std::vector<int32_t> ids;
+            try {
+                ids = r.parse_special ? tok_pool->encode(r.content)
+                                      : tok_pool->encode(r.content, {byte_range{0, r.content.size()}});
+            } catch (const error& e) {
+                throw api_error(400, e.what(), "content");
+            }
+            return tokenize_response(te->tok(), ids, r.with_pieces);
+        });
+        utility_route("POST", "/detokenize", "detokenize", [this](const http_request& req) {
+            const std::vector<int32_t> ids = parse_detokenize_request(req.body, te->tok().size());
+            return ojson{{"content", te->tok().decode(ids)}};
+        });
+        utility_route("GET", "/props", "props", [this](const http_request&) { return props(); });
+    }
+
+    // ---- llama.cpp's utility endpoints (server/tokenize_api.h): authenticated like the rest, answered once the
+    // model is loaded, and on the HTTP worker (no sequence is involved)
+
+    void utility_route(const char* method, const char* path, const char* endpoint,
+                       std::function<ojson(const http_request&)> fn) {
+        http.route(method, path, [this, endpoint, fn](const http_request& req, http_response& res) {
+            try {
+                check_auth(req);
+                if (stopping) throw api_error(503, "the server is shutting down", "", "shutting_down");
+                if (!ready) throw api_error(503, "the model is still loading; retry shortly", "", "model_loading");
+                res.body = dump(fn(req));
+            } catch (const api_error& e) {
+                return reply_error(res, e, endpoint);
+            } catch (const error& e) {
+                return reply_error(res, api_error(400, e.what()), endpoint);
+            }
+            metrics.request_done(endpoint, 200);
+        });
+    }
+
+    // What is served and how (llama.cpp's /props names where they mean the same: model_path, total_slots,
+    // default_generation_settings.n_ctx).
+    ojson props() {
+        engine& e = te->eng();
+        const ojson sampling = {{"temperature", defaults.temperature}, {"top_k", defaults.top_k},
+                                {"top_p", defaults.top_p},             {"min_p", defaults.min_p}};
+        return ojson{{"model", opt.model_name},
+                     {"model_aliases", opt.model_aliases},
+                     {"model_path", te->model_dir()},
+                     {"n_ctx", ctx},
+                     {"total_slots", opt.sched.max_batch},
+                     {"vocab_size", te->tok().size()},
+                     {"backend", e.be().name()},
+                     {"device", e.be().device_name()},
+                     {"version", TANSY_VERSION},
+                     {"synthetic", !opt.synthetic.config.empty()},
+                     {"default_generation_settings", {{"n_ctx", ctx}, {"params", sampling}}}};
     }
 
     // ---- completions

@@ -1,6 +1,7 @@
 // `tansy serve`: the OpenAI-compatible server. Owns the HTTP server, the text engine and the scheduler, and
 // the handlers that join them:
 //   POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/NAME]   GET /health   GET /metrics
+//   POST /tokenize   POST /detokenize   GET /props   (llama.cpp's shapes, server/tokenize_api.h)
 // The HTTP side listens before the model is loaded (/health answers 503 "loading" meanwhile). Each request is
 // parsed and tokenised on its HTTP worker, submitted to the scheduler, and its tokens are turned into text,
 // reasoning and tool calls on that worker as they come (server/text_stream.h).
