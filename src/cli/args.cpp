@@ -53,7 +53,7 @@ bool arg_parser::parse(int argc, char** argv) {
         }
         if (sp->metavar.empty()) {
             if (inline_value) fail("%s: option %s takes no value", command_.c_str(), sp->name.c_str());
-            value = "1";
+            value.assign(1, '1');  // not `= "1"`: GCC 12 warns -Wrestrict on that, falsely
         } else if (!inline_value) {
             if (i + 1 >= argc) fail("%s: option %s needs a value (%s)", command_.c_str(), sp->name.c_str(), sp->metavar.c_str());
             value = argv[++i];
