@@ -1,5 +1,10 @@
 #include "test_util.h"
 
+#include "server/http_client.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -99,6 +104,38 @@ int run_command(const std::string& cmd, std::string* output, bool merge_stderr) 
     int st = pclose(p);
     if (output) *output = out;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int connect_loopback(int port) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (sockaddr*)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+json_reply post_json(int port, const std::string& path, const std::string& body) {
+    http_client c("127.0.0.1", port, 60);
+    std::string text, err;
+    json_reply r;
+    r.status = c.post(path, body, [&](std::string_view p) { text += p; return true; }, &err);
+    r.body = nlohmann::json::parse(text, nullptr, false);
+    return r;
+}
+
+json_reply get_json(int port, const std::string& path) {
+    http_client c("127.0.0.1", port, 60);
+    std::string text, err;
+    json_reply r;
+    r.status = c.get(path, &text, &err);
+    r.body = nlohmann::json::parse(text, nullptr, false);
+    return r;
 }
 
 }  // namespace tansy::test

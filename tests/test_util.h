@@ -2,6 +2,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <random>
 #include <string>
@@ -32,5 +34,16 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 
 // Runs a shell command, returns its exit status and captures stdout (and stderr, when merge_stderr).
 int run_command(const std::string& cmd, std::string* output, bool merge_stderr = true);
+
+// A TCP connection to 127.0.0.1:port (close-on-exec), or -1.
+int connect_loopback(int port);
+// An HTTP exchange with a server on 127.0.0.1:port through http_client: the status and the body parsed as JSON
+// (discarded, i.e. is_discarded(), when it is not JSON).
+struct json_reply {
+    int status = 0;
+    nlohmann::json body;
+};
+json_reply post_json(int port, const std::string& path, const std::string& body);
+json_reply get_json(int port, const std::string& path);
 
 }  // namespace tansy::test

@@ -19,6 +19,7 @@
 #include "server/http.h"
 #include "server/http_client.h"
 #include "server/openai.h"
+#include "test_util.h"
 
 namespace tansy {
 namespace {
@@ -29,21 +30,6 @@ using steady = std::chrono::steady_clock;
 constexpr int RECV_TIMEOUT_MS = 5000;  // no test response should take anywhere near this long
 
 double seconds_since(steady::time_point t0) { return std::chrono::duration<double>(steady::now() - t0).count(); }
-
-int connect_to(int port) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (sockaddr*)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    timeval tv{RECV_TIMEOUT_MS / 1000, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return fd;
-}
 
 bool send_str(int fd, const std::string& s) {
     size_t off = 0;
@@ -75,7 +61,7 @@ std::string read_response(int fd) {
 }
 
 std::string roundtrip(int port, const std::string& request) {
-    const int fd = connect_to(port);
+    const int fd = tansy::test::connect_loopback(port);
     if (fd < 0) return "";
     send_str(fd, request);
     std::string r = read_response(fd);
@@ -170,7 +156,7 @@ TEST(http_hostile, slow_clients_do_not_block_a_normal_request) {
     constexpr int N_SLOW = 300;
     std::vector<int> slow;
     for (int i = 0; i < N_SLOW; i++) {
-        const int fd = connect_to(s.port());
+        const int fd = tansy::test::connect_loopback(s.port());
         ASSERT_GE(fd, 0) << "slow client " << i;
         send_str(fd, "GET /hello HTTP/1.1\r\nHo");
         slow.push_back(fd);
@@ -201,7 +187,7 @@ TEST(http_hostile, header_and_body_deadlines_are_totals_not_per_read) {
     test_server s(o);
     for (const std::string start :
          {"GET /hello HTTP/1.1\r\nX-", "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"}) {
-        const int fd = connect_to(s.port());
+        const int fd = tansy::test::connect_loopback(s.port());
         ASSERT_GE(fd, 0);
         send_str(fd, start);
         const auto t0 = steady::now();
@@ -371,7 +357,7 @@ TEST(http_hostile, connection_limits_answer_503_with_retry_after) {
     o.max_connections_per_addr = 4;
     test_server s(o);
     std::vector<int> held;
-    for (int i = 0; i < 4; i++) held.push_back(connect_to(s.port()));
+    for (int i = 0; i < 4; i++) held.push_back(tansy::test::connect_loopback(s.port()));
     std::this_thread::sleep_for(50ms);  // let the server accept them
     std::string r = roundtrip(s.port(), "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     EXPECT_EQ(status_of(r), 503) << r;
@@ -387,7 +373,7 @@ TEST(http_hostile, connection_limits_answer_503_with_retry_after) {
     http_options t = opts();
     t.max_connections = 2;
     test_server s2(t);
-    const int a = connect_to(s2.port()), b = connect_to(s2.port());
+    const int a = tansy::test::connect_loopback(s2.port()), b = tansy::test::connect_loopback(s2.port());
     std::this_thread::sleep_for(50ms);
     EXPECT_EQ(status_of(roundtrip(s2.port(), "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")), 503);
     close(a);
@@ -397,7 +383,7 @@ TEST(http_hostile, connection_limits_answer_503_with_retry_after) {
 TEST(http_hostile, keep_alive_pipelining_and_expect_continue) {
     REQUIRE_HTTP();
     test_server s(opts());
-    const int fd = connect_to(s.port());
+    const int fd = tansy::test::connect_loopback(s.port());
     ASSERT_GE(fd, 0);
     // two pipelined requests in one send, then a third on the same connection
     send_str(fd,
@@ -444,8 +430,8 @@ TEST(http_hostile, client_reads_chunked_and_close_delimited_streams) {
 TEST(http_hostile, stop_waits_for_handlers_in_flight) {
     REQUIRE_HTTP();
     auto s = std::make_unique<test_server>(opts());
-    const int fd = connect_to(s->port());
-    const int idle = connect_to(s->port());
+    const int fd = tansy::test::connect_loopback(s->port());
+    const int idle = tansy::test::connect_loopback(s->port());
     send_str(fd, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n");
     std::this_thread::sleep_for(100ms);  // the handler is running
     const auto t0 = steady::now();

@@ -14,28 +14,16 @@
 
 #include "server/http.h"
 #include "server/openai.h"
+#include "test_util.h"
 
 namespace tansy {
 namespace {
 
 using namespace std::chrono_literals;
 
-int connect_to(int port) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (sockaddr*)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 // Sends a raw request and reads until the server closes (requests say Connection: close).
 std::string roundtrip(int port, const std::string& request) {
-    const int fd = connect_to(port);
+    const int fd = tansy::test::connect_loopback(port);
     if (fd < 0) return "";
     size_t off = 0;
     while (off < request.size()) {
@@ -161,7 +149,7 @@ TEST(server_http, a_client_that_goes_away_is_noticed) {
         };
     });
     s.start();
-    const int fd = connect_to(s.srv.port());
+    const int fd = tansy::test::connect_loopback(s.srv.port());
     ASSERT_GE(fd, 0);
     const std::string req = "GET /wait HTTP/1.1\r\nHost: x\r\n\r\n";
     ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), (ssize_t)req.size());

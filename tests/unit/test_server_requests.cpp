@@ -19,10 +19,7 @@ using json = nlohmann::json;
 
 const std::string TINY_CONFIG = std::string(TANSY_SOURCE_DIR) + "/models/tiny-chat-q4/config.json";
 
-struct reply {
-    int status = 0;
-    json body;
-};
+using reply = tansy::test::json_reply;
 
 class served : public ::testing::Test {
   protected:
@@ -49,25 +46,11 @@ class served : public ::testing::Test {
         srv_ = nullptr;
     }
     void SetUp() override {
-        if (!http_available()) GTEST_SKIP() << "built without cpp-httplib";
+        if (!http_available()) GTEST_SKIP() << "built without the HTTP server (no Asio headers)";
     }
 
-    reply post(const std::string& path, const std::string& body) {
-        http_client c("127.0.0.1", srv_->port(), 60);
-        std::string text, err;
-        reply r;
-        r.status = c.post(path, body, [&](std::string_view p) { text += p; return true; }, &err);
-        r.body = json::parse(text, nullptr, false);
-        return r;
-    }
-    reply get(const std::string& path) {
-        http_client c("127.0.0.1", srv_->port(), 60);
-        std::string text, err;
-        reply r;
-        r.status = c.get(path, &text, &err);
-        r.body = json::parse(text, nullptr, false);
-        return r;
-    }
+    reply post(const std::string& path, const std::string& body) { return tansy::test::post_json(srv_->port(), path, body); }
+    reply get(const std::string& path) { return tansy::test::get_json(srv_->port(), path); }
     static json chat(json extra = json::object()) {
         json b = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}, {"temperature", 0}};
         b.update(extra);

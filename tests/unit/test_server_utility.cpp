@@ -21,10 +21,7 @@ using json = nlohmann::json;
 
 const std::string TINY_DIR = std::string(TANSY_SOURCE_DIR) + "/models/tiny-chat-q4";
 
-struct reply {
-    int status = 0;
-    json body;
-};
+using reply = tansy::test::json_reply;
 
 server* start_server(const std::string& api_key) {
     serve_options o;
@@ -54,15 +51,8 @@ void stop_server(server*& s) {
 // One request with a bearer token over a raw socket (http_client sends no Authorization header): the status.
 int status_with_key(int port, const std::string& method, const std::string& path, const std::string& key,
                     const std::string& body = "") {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (sockaddr*)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
+    const int fd = tansy::test::connect_loopback(port);
+    if (fd < 0) return -1;
     const std::string req = method + " " + path + " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key +
                             "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
                             "\r\nConnection: close\r\n\r\n" + body;
@@ -87,22 +77,8 @@ class utility_endpoints : public ::testing::Test {
         if (!http_available()) GTEST_SKIP() << "built without the HTTP server";
     }
 
-    reply post(const std::string& path, const std::string& body) {
-        http_client c("127.0.0.1", srv_->port(), 60);
-        std::string text, err;
-        reply r;
-        r.status = c.post(path, body, [&](std::string_view p) { text += p; return true; }, &err);
-        r.body = json::parse(text, nullptr, false);
-        return r;
-    }
-    reply get(const std::string& path) {
-        http_client c("127.0.0.1", srv_->port(), 60);
-        std::string text, err;
-        reply r;
-        r.status = c.get(path, &text, &err);
-        r.body = json::parse(text, nullptr, false);
-        return r;
-    }
+    reply post(const std::string& path, const std::string& body) { return tansy::test::post_json(srv_->port(), path, body); }
+    reply get(const std::string& path) { return tansy::test::get_json(srv_->port(), path); }
 
     static server* srv_;
 };
