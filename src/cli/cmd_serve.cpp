@@ -95,6 +95,7 @@ int cmd_serve(int argc, char** argv) {
         .option("--cors-origin", "ORIGIN", "allow browser calls from ORIGIN (repeatable; * allows any): CORS headers and\n"
                                            "                            OPTIONS preflights", "", true)
         .option("--shutdown-timeout", "S", "seconds running requests get to finish on shutdown (default 10)")
+        .option("--no-webui", "", "no chat page at / (default: GET / answers a chat page for the browser)")
         .option("--quiet", "", "no progress bar and no per-request log lines", "-q");
     if (!p.parse(argc, argv)) return 0;
 
@@ -143,6 +144,7 @@ int cmd_serve(int argc, char** argv) {
     if (!(grace >= 0)) fail("serve: --shutdown-timeout must be >= 0");
     o.shutdown_grace_ms = (int)(grace * 1000);
     o.progress = o.log_requests = !p.has("--quiet");
+    o.webui = !p.has("--no-webui");
 
     // Signals go to one thread that asks the server to stop (blocked everywhere else: every thread created
     // from here on inherits the mask). A write to a closed connection must fail, not kill the process.
@@ -188,6 +190,7 @@ int cmd_serve(int argc, char** argv) {
 
     srv.start();
     fprintf(stderr, "tansy serve: listening on http://%s:%d\n", o.http.host.c_str(), srv.port());
+    if (o.webui) fprintf(stderr, "tansy serve: chat page at http://%s:%d/\n", o.http.host.c_str(), srv.port());
     srv.load();
     loaded = true;
     srv.wait();

@@ -25,6 +25,7 @@
 #include "server/text_stream.h"
 #include "server/tokenize_api.h"
 #include "server/tokenize_pool.h"
+#include "server/webui.h"
 #include "tokenizer/chat_template.h"
 
 // the project version (CMakeLists.txt gives it to this file only)
@@ -164,6 +165,18 @@ struct server::state {
                 status >= 400)
                 log_line(strprintf("- %d %s %s", status, r.method.c_str(), r.path.c_str()));
         });
+        if (opt.webui)
+            // The chat page is public (it carries no data); its API calls send the key the user types, if any.
+            // note: the CSP keeps the page to this origin: it loads nothing else and connects nowhere else
+            http.route("GET", "/", [](const http_request&, http_response& res) {
+                res.content_type = "text/html; charset=utf-8";
+                res.body = std::string(webui_index_html());
+                res.headers.emplace_back("Cache-Control", "no-cache");
+                res.headers.emplace_back("X-Content-Type-Options", "nosniff");
+                res.headers.emplace_back("Content-Security-Policy",
+                                         "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                                         "img-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'");
+            });
         http.route("GET", "/health", [this](const http_request&, http_response& res) {
             const bool ok = ready && !stopping;
             res.status = ok ? 200 : 503;

@@ -2,6 +2,7 @@
 // the handlers that join them:
 //   POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/NAME]   GET /health   GET /metrics
 //   POST /tokenize   POST /detokenize   GET /props   (llama.cpp's shapes, server/tokenize_api.h)
+//   GET /   the chat page (server/webui.h; needs no API key; serve_options::webui turns it off)
 // The HTTP side listens before the model is loaded (/health answers 503 "loading" meanwhile). Each request is
 // parsed and tokenised on its HTTP worker, submitted to the scheduler, and its tokens are turned into text,
 // reasoning and tool calls on that worker as they come (server/text_stream.h).
@@ -31,6 +32,7 @@ struct serve_options {
     int shutdown_grace_ms = 10000;  // in-flight requests may finish this long after SIGINT/SIGTERM
     bool progress = true;    // progress bar on stderr while loading
     bool log_requests = true;
+    bool webui = true;  // GET / answers the chat page (src/server/webui/index.html); off: 404
 };
 
 class server {
