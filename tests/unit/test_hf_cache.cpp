@@ -1,10 +1,16 @@
 // --model ORG/NAME[@REV]: checkpoints found in a Hugging Face hub cache laid out as `hf download` leaves it
 // (snapshot files are symlinks into blobs/), for the resolver and through the tansy binary.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
 #include "core/check.h"
 #include "loader/hf_cache.h"
+#include "server/http.h"
 #include "synth_model.h"
 #include "test_util.h"
 
@@ -146,4 +152,49 @@ TEST(hf_cache, cli_commands_take_a_repo_id) {
     EXPECT_NE(err.find(cache + "/models--acme--missing"), std::string::npos) << err;
     EXPECT_NE(err.find("hf download acme/missing"), std::string::npos) << err;
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+}
+
+// tansy serve --model ORG/NAME: served under that name, and it answers.
+TEST(hf_cache, serve_takes_a_repo_id) {
+    if (!tansy::http_available()) GTEST_SKIP() << "built without the HTTP server (no Asio headers)";
+    const std::string cache = tansy::test::temp_dir("hf_cache_serve");
+    make_cached_repo(cache, "acme", "tiny", true);
+    const std::string log = cache + "/serve.log";
+    const pid_t pid = fork();
+    if (pid == 0) {
+        setenv("HF_HUB_CACHE", cache.c_str(), 1);
+        freopen(log.c_str(), "w", stderr);
+        execl(CLI.c_str(), CLI.c_str(), "serve", "--model", "acme/tiny", "--port", "0", "--threads", "1", (char*)nullptr);
+        _exit(127);
+    }
+    ASSERT_GT(pid, 0);
+    struct reap {
+        pid_t pid;
+        ~reap() {
+            kill(pid, SIGKILL);
+            waitpid(pid, nullptr, 0);
+        }
+    } guard{pid};
+    int port = 0;
+    for (int i = 0; i < 600 && port == 0; i++) {  // "listening on http://127.0.0.1:PORT", within 60 s
+        std::string text;
+        tansy::test::run_command("cat " + log, &text, false);
+        const size_t at = text.find("listening on http://127.0.0.1:");
+        if (at != std::string::npos) port = std::atoi(text.c_str() + at + 30);
+        if (port == 0) usleep(100000);
+    }
+    ASSERT_GT(port, 0) << "the server did not start";
+    tansy::test::json_reply models;
+    for (int i = 0; i < 600; i++) {  // 503 while loading
+        models = tansy::test::get_json(port, "/v1/models");
+        if (models.status == 200) break;
+        usleep(100000);
+    }
+    ASSERT_EQ(models.status, 200);
+    EXPECT_EQ(models.body["data"][0]["id"], "acme/tiny") << models.body.dump();
+    const tansy::test::json_reply r = tansy::test::post_json(
+        port, "/v1/chat/completions",
+        R"({"model": "acme/tiny", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})");
+    EXPECT_EQ(r.status, 200) << r.body.dump();
+    EXPECT_EQ(r.body["model"], "acme/tiny") << r.body.dump();
 }
