@@ -99,19 +99,38 @@ void completion_text::emit_parsed(parsed_delta d, text_delta& out) {
 void completion_text::push(const token_event& e, text_delta& out) {
     if (stop_.matched()) return;
     n_tokens_++;
+    const bool reasoning = in_reasoning_;
     if (in_reasoning_) {
         n_reasoning_++;
         if (e.id == think_end_) in_reasoning_ = false;
     }
     if (std::find(eos_.begin(), eos_.end(), e.id) != eos_.end()) return;  // the end of the turn is not text
-    out.logprobs.push_back(e);
+    // completions: every token's log-prob; chat: the answer's only (held until its text shows, see below)
+    if (!opt_.chat) out.logprobs.push_back(e);
+    else if (!reasoning && !logprobs_closed_) held_logprobs_.push_back(e);
+    const size_t shown = content_.size();
     // chat: stop strings apply after the parser (emit_parsed); completions: to the text here
     auto cut = [&](std::string s) { return opt_.chat ? s : stop_.push(s); };
     if (e.id < 0 || e.id >= tok_.size()) {  // a synthetic model's id: ends any partial character
         emit(cut(dec_.flush() + std::string(UNKNOWN_TOKEN_TEXT)), out);
+    } else {
+        emit(cut(dec_.push(e.id)), out);
+    }
+    if (opt_.chat) settle_logprobs(content_.size() > shown, out);
+}
+
+// Chat log-probs line up with message.content: a token's entry is reported once the text it started shows as
+// content (the parser and the stop strings may hold text back), and dropped when that text turns out to be
+// tool-call markup or lies past a stop string. Reasoning tokens and tool calls have none (as OpenAI's).
+void completion_text::settle_logprobs(bool content_grew, text_delta& out) {
+    if (!calls_.empty() || stop_.matched()) {
+        held_logprobs_.clear();
+        logprobs_closed_ = true;
         return;
     }
-    emit(cut(dec_.push(e.id)), out);
+    if (!content_grew) return;
+    out.logprobs.insert(out.logprobs.end(), held_logprobs_.begin(), held_logprobs_.end());
+    held_logprobs_.clear();
 }
 
 void completion_text::finish(text_delta& out) {
@@ -121,13 +140,16 @@ void completion_text::finish(text_delta& out) {
         return;
     }
     if (stop_.matched()) return;
+    const size_t shown = content_.size();
     emit(dec_.flush(), out);
     emit_parsed(parser_.finish(), out);
-    if (stop_.matched()) return;
+    if (stop_.matched()) return settle_logprobs(false, out);
     parsed_delta rest;
     rest.content = stop_.flush();
     content_ += rest.content;
     append(out.parsed, std::move(rest));
+    settle_logprobs(content_.size() > shown, out);
+    held_logprobs_.clear();  // tokens whose text never showed (trailing whitespace the parser dropped)
 }
 
 }  // namespace tansy

@@ -46,7 +46,8 @@ struct text_options {
 struct text_delta {
     parsed_delta parsed;                  // chat
     std::string text;                     // plain (completions)
-    std::vector<token_event> logprobs;    // tokens that became part of the output in this delta
+    // tokens that became part of the output in this delta (chat: of the content, not reasoning or tool calls)
+    std::vector<token_event> logprobs;
     bool empty() const { return parsed.empty() && text.empty() && logprobs.empty(); }
 };
 
@@ -70,6 +71,7 @@ class completion_text {
   private:
     void emit(const std::string& s, text_delta& out);
     void emit_parsed(parsed_delta d, text_delta& out);
+    void settle_logprobs(bool content_grew, text_delta& out);
 
     const tokenizer& tok_;
     std::vector<int32_t> eos_;
@@ -82,6 +84,8 @@ class completion_text {
     std::vector<parsed_tool_call> calls_;
     bool in_reasoning_;
     int64_t n_tokens_ = 0, n_reasoning_ = 0;
+    std::vector<token_event> held_logprobs_;  // chat: answer tokens whose text has not shown as content yet
+    bool logprobs_closed_ = false;            // chat: a tool call began or a stop string matched
 };
 
 }  // namespace tansy

@@ -352,17 +352,20 @@ def group_api():
             check(isinstance(json.loads(content), dict), content)
 
     def logprobs():
+        # log-probs cover the answer: with thinking, its reasoning tokens have none
         r = cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], temperature=0,
-                                       max_tokens=12, logprobs=True, top_logprobs=3)
+                                       max_tokens=200, logprobs=True, top_logprobs=3)
         lp = r.choices[0].logprobs.content
-        check(1 <= len(lp) <= r.usage.completion_tokens, (len(lp), r.usage))
+        check(1 <= len(lp) < r.usage.completion_tokens, (len(lp), r.usage))
+        check("".join(e.token for e in lp).lstrip("\n") == r.choices[0].message.content,
+              ("".join(e.token for e in lp), r.choices[0].message.content))
         for e in lp:
             check(isinstance(e.token, str) and e.logprob <= 0 and isinstance(e.bytes, list), e)
             check(len(e.top_logprobs) == 3, e)
             check(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob, e)
             check(abs(e.top_logprobs[0].logprob - e.logprob) < 1e-4, "greedy picks the top token")
         s = cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], temperature=0,
-                                       max_tokens=12, logprobs=True, top_logprobs=2, stream=True)
+                                       max_tokens=200, logprobs=True, top_logprobs=2, stream=True)
         n = sum(len(ch.choices[0].logprobs.content) for ch in s if ch.choices and ch.choices[0].logprobs)
         check(n == len(lp), (n, len(lp)))
         c = cl.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=2)

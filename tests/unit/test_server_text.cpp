@@ -116,7 +116,56 @@ TEST(server_text, completion_text_counts_reasoning_tokens) {
     EXPECT_EQ(ct.completion_tokens(), (int64_t)ids.size() + 1);
     const std::vector<int32_t> r = tok.encode("Let me think.</think>");
     EXPECT_EQ(ct.reasoning_tokens(), (int64_t)r.size());
-    EXPECT_EQ(d.logprobs.size(), ids.size()) << "the end-of-turn token is not part of the output";
+    // log-probs cover the answer's tokens: not the reasoning, not </think>, not the end-of-turn token
+    EXPECT_EQ(d.logprobs.size(), ids.size() - r.size());
+}
+
+// Chat log-probs line up with message.content: their tokens' text is the content (after the blank lines the
+// parser drops), never reasoning, tool-call markup, or text past a stop string.
+TEST(server_text, chat_logprobs_cover_the_content_only) {
+    const tokenizer& tok = tiny().tok();
+    auto text_of = [&](const std::vector<token_event>& lp) {
+        std::vector<int32_t> ids;
+        for (const token_event& e : lp) ids.push_back(e.id);
+        std::string t = tok.decode(ids);
+        t.erase(0, t.find_first_not_of('\n'));
+        return t;
+    };
+    auto run = [&](text_options o, const std::string& out, completion_text** keep = nullptr) {
+        auto* ct = new completion_text(tok, tiny().eos(), tiny().think_end(), o);
+        std::vector<token_event> lp;
+        for (int32_t id : tok.encode(out)) {
+            text_delta d;
+            token_event e;
+            e.id = id;
+            ct->push(e, d);
+            lp.insert(lp.end(), d.logprobs.begin(), d.logprobs.end());
+        }
+        text_delta d;
+        ct->finish(d);
+        lp.insert(lp.end(), d.logprobs.begin(), d.logprobs.end());
+        std::string content = ct->content();
+        delete ct;
+        return std::make_pair(text_of(lp), content);
+    };
+    text_options o;
+    o.chat = true;
+    o.thinking = true;
+    auto [a, ca] = run(o, "Let me think.</think>\n\nThe answer is 4.");
+    EXPECT_EQ(a, ca);
+    EXPECT_EQ(a, "The answer is 4.");
+    o.tools = true;
+    auto [b, cb] = run(o, "ok</think>\n\nCalling it.\n<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n"
+                          "</function>\n</tool_call>");
+    EXPECT_EQ(cb, "Calling it.");
+    EXPECT_EQ(b.substr(0, cb.size()), cb);
+    EXPECT_EQ(b.find("tool_call"), std::string::npos) << b;
+    EXPECT_LE(b.size(), cb.size() + 1) << b;  // at most the newline before the call
+    o.tools = false;
+    o.stop = {"STOP"};
+    auto [c, cc] = run(o, "hm</think>\n\nfirst part STOP second part");
+    EXPECT_EQ(cc, "first part ");
+    EXPECT_EQ(c.find("second"), std::string::npos) << c;
 }
 
 // Issue 36: in chat, stop strings are matched against the answer (content) only: not the reasoning, not the
