@@ -184,12 +184,8 @@ TEST(hf_cache, serve_takes_a_repo_id) {
         if (port == 0) usleep(100000);
     }
     ASSERT_GT(port, 0) << "the server did not start";
-    tansy::test::json_reply models;
-    for (int i = 0; i < 600; i++) {  // 503 while loading
-        models = tansy::test::get_json(port, "/v1/models");
-        if (models.status == 200) break;
-        usleep(100000);
-    }
+    for (int i = 0; i < 600 && tansy::test::get_json(port, "/health").status != 200; i++) usleep(100000);  // loading
+    const tansy::test::json_reply models = tansy::test::get_json(port, "/v1/models");
     ASSERT_EQ(models.status, 200);
     EXPECT_EQ(models.body["data"][0]["id"], "acme/tiny") << models.body.dump();
     const tansy::test::json_reply r = tansy::test::post_json(

@@ -109,10 +109,12 @@ TEST(serve_synthetic, serves_ids_beyond_the_tokenizer) {
     EXPECT_EQ(nlohmann::json::parse(body)["data"][0]["id"], "synthetic-big-vocab");
 
     const int64_t N = 24;
+    // thinking off: every token is the answer's, so each has a log-prob entry (reasoning tokens have none)
     const std::string req = nlohmann::json{{"messages", {{{"role", "user"}, {"content", "Hello there"}}}},
                                            {"max_tokens", N},
                                            {"ignore_eos", true},
                                            {"temperature", 0},
+                                           {"chat_template_kwargs", {{"enable_thinking", false}}},
                                            {"logprobs", true}}
                                 .dump();
     std::string resp;
@@ -126,8 +128,11 @@ TEST(serve_synthetic, serves_ids_beyond_the_tokenizer) {
     int unknown = 0;
     for (const auto& t : lp) unknown += t["bytes"] == nlohmann::json::array({239, 191, 189});
     EXPECT_GT(unknown, 0) << resp;
-    const std::string text = j["choices"][0]["message"].value("content", std::string()) +
-                             j["choices"][0]["message"].value("reasoning_content", std::string());
+    auto str = [](const nlohmann::json& m, const char* k) {  // absent or null: ""
+        return m.contains(k) && m[k].is_string() ? m[k].get<std::string>() : std::string();
+    };
+    const nlohmann::json& msg = j["choices"][0]["message"];
+    const std::string text = str(msg, "content") + str(msg, "reasoning_content");
     EXPECT_GE(count_of(text, U_FFFD), unknown) << text;
 
     // the same streamed, timed by the load generator: every token counted, one text event per token here
