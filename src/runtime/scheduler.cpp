@@ -240,14 +240,6 @@ std::vector<scheduler::chunk_plan> scheduler::next_chunks(bool others_decoding) 
         if (s.done || !s.st || s.started) continue;
         const int64_t left = (int64_t)s.req.prompt.size() - s.prefilled;
         if (left <= 0) continue;
-        if (s.prefilled == 0) {
-            try {
-                eng_.check_ids(s.req.prompt);
-            } catch (const std::exception& e) {
-                finish(s, finish_reason::error, e.what());
-                continue;
-            }
-        }
         const int64_t n = std::min(left, budget);
         if (n <= 0) break;
         out.push_back({&s, n, n == left});
@@ -467,6 +459,7 @@ void scheduler::loop() {
                 sampling_params on_device = sp;
                 if (seq.host_always) on_device.temperature = 0;  // the slot's pick is an argmax the host replaces
                 step_->bind(seq.slot, on_device);
+                eng_.check_ids(seq.req.prompt);  // once, at admission (a bad id ends the request with its error)
                 seq.st = eng_.new_sequence(capacity_for((int64_t)seq.req.prompt.size() + seq.req.max_tokens));
             } catch (const std::exception& e) {
                 seq.st.reset();
