@@ -58,21 +58,33 @@ int32_t decode_step::pick_prompt(int slot, const tensor& logits) {
     const int32_t s = slot;
     be_.upload(one_slot_.t(), &s);
     const tensor nx = next_.t().rows_view(0, 1);
-    be_.argmax(nx, logits, n_valid_);
-    if (host_params_[(size_t)slot * k_row_sampling_cols] > 0) be_.sample_rows(nx, logits, n_valid_, params_.t(), rng_.t(), one_slot_.t());
-    be_.scatter_slots(tok_.t(), nx, one_slot_.t());
+    pick(nx, logits, one_slot_.t(), host_params_[(size_t)slot * k_row_sampling_cols] > 0);
     int32_t id = 0;
     be_.download(&id, nx);
     return id;
 }
 
+// next = each logits row's argmax, or its slot's device draw; then into the slots' next input tokens.
+void decode_step::pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling) {
+    be_.argmax(next, logits, n_valid_);
+    if (sampling) be_.sample_rows(next, logits, n_valid_, params_.t(), rng_.t(), slots);
+    be_.scatter_slots(tok_.t(), next, slots);
+}
+
+// The picks of step `++launched_` (its first `n` rows of next_) into its ring entry of pinned memory.
+uint64_t decode_step::copy_out(int64_t n) {
+    const uint64_t t = ++launched_;
+    int32_t* out = (int32_t*)pinned_.get() + (size_t)(t % k_ring) * (size_t)max_slots_;
+    be_.download_async(out, next_.t().rows_view(0, n));
+    fences_[t % k_ring] = be_.fence();
+    return t;
+}
+
 void decode_step::run_ops(int64_t B, bool sampling, const std::vector<seq_span>& spans) {
-    const tensor ids = ids_.t().rows_view(0, B), rs = row_slot_.t().rows_view(0, B), nx = next_.t().rows_view(0, B);
+    const tensor ids = ids_.t().rows_view(0, B), rs = row_slot_.t().rows_view(0, B);
     be_.gather_slots(ids, tok_.t(), rs);
     logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
-    be_.argmax(nx, logits_, n_valid_);
-    if (sampling) be_.sample_rows(nx, logits_, n_valid_, params_.t(), rng_.t(), rs);
-    be_.scatter_slots(tok_.t(), nx, rs);
+    pick(next_.t().rows_view(0, B), logits_, rs, sampling);
 }
 
 // A step with prompt chunks: decode rows first (one token each), then each chunk's span; one logits row per
@@ -104,14 +116,12 @@ void decode_step::run_mixed(const std::vector<row>& rows, const std::vector<prom
         at += c.n;
     }
     for (int32_t s : slots) sampling = sampling || host_params_[(size_t)s * k_row_sampling_cols] > 0;
-    const tensor ms = mixed_slot_.t().rows_view(0, B + C), nx = next_.t().rows_view(0, B + C);
+    const tensor ms = mixed_slot_.t().rows_view(0, B + C);
     be_.upload(ms, slots.data());
     const tensor ids = mixed_ids_.t().rows_view(0, T);
     if (B > 0) be_.gather_slots(ids.rows_view(0, B), tok_.t(), ms.rows_view(0, B));
     logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
-    be_.argmax(nx, logits_, n_valid_);
-    if (sampling) be_.sample_rows(nx, logits_, n_valid_, params_.t(), rng_.t(), ms);
-    be_.scatter_slots(tok_.t(), nx, ms);
+    pick(next_.t().rows_view(0, B + C), logits_, ms, sampling);
 }
 
 uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks) {
@@ -120,11 +130,7 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         for (const row& w : rows)
             TANSY_CHECK(w.slot >= 0 && w.slot < max_slots_ && w.state, "decode_step: a row of slot %d", w.slot);
         run_mixed(rows, chunks);
-        const uint64_t t = ++launched_;
-        int32_t* out = (int32_t*)pinned_.get() + (size_t)(t % k_ring) * (size_t)max_slots_;
-        be_.download_async(out, next_.t().rows_view(0, B + (int64_t)chunks.size()));
-        fences_[t % k_ring] = be_.fence();
-        return t;
+        return copy_out(B + (int64_t)chunks.size());
     }
     TANSY_CHECK(B >= 1 && B <= max_slots_, "decode_step: a step of %lld rows (%d slots)", (long long)B, max_slots_);
     std::vector<int32_t> slots((size_t)B);
@@ -182,11 +188,7 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         run_ops(B, sampling, spans);
         warm_[key] = {capacity, be_.memory_epoch(), eng_.fwd().memory_epoch()};
     }
-    const uint64_t t = ++launched_;
-    int32_t* out = (int32_t*)pinned_.get() + (size_t)(t % k_ring) * (size_t)max_slots_;
-    be_.download_async(out, next_.t().rows_view(0, B));
-    fences_[t % k_ring] = be_.fence();
-    return t;
+    return copy_out(B);
 }
 
 const int32_t* decode_step::wait(uint64_t ticket) {

@@ -73,6 +73,8 @@ class decode_step {
   private:
     void run_ops(int64_t B, bool sampling, const std::vector<seq_span>& spans);
     void run_mixed(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks);
+    void pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling);
+    uint64_t copy_out(int64_t n);
 
     engine& eng_;
     backend& be_;
