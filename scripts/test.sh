@@ -3,7 +3,8 @@
 #   deps        apt packages (skipped when all are present)
 #   build       Release build: CPU and CUDA backends (the CUDA one is compiled whenever nvcc is found)
 #   tests       ctest labels unit, model, cuda (CUDA tests skip themselves without a GPU), server (tansy serve end
-#               to end with the official openai package, installed into a venv in the build tree)
+#               to end with the official openai package, installed into a venv in the build tree), clients (six
+#               client libraries at pinned versions against the server: tests/clients)
 #   asan-build  clang ASan + UBSan build (no CUDA)
 #   asan-tests  under the sanitizers: the unit tests, the model tests but those listed in ASAN_SKIP (each still
 #               runs in `tests`: they repeat one forward pass's code over long windows, 20-60x slower under ASan,
@@ -28,7 +29,7 @@ ASAN_SKIP='^(fixtures/prefill_chunks\.|quant_quality\.|kv_fp8\.tiny_model_teache
 
 stage deps scripts/install-deps.sh
 stage build scripts/build.sh
-stage tests ctest --test-dir build --output-on-failure -j"$jobs" -L 'unit|model|cuda|server'
+stage tests ctest --test-dir build --output-on-failure -j"$jobs" -L 'unit|model|cuda|server|clients'
 if [ "${FAST:-0}" = 1 ]; then
     echo "test.sh: FAST=1: sanitizer stages skipped; total $(($(date +%s) - t_start)) s"
     exit 0

@@ -1,0 +1,84 @@
+"""OpenAI's Agents SDK on its default model (the Responses API): an agent with a function tool, run plain and
+streamed, reaches a final answer; an agent with tools and an output_type calls the tool, then returns a
+validated object; the same agent on the Chat Completions model."""
+import asyncio
+
+import pydantic
+from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool,
+                    set_default_openai_api, set_default_openai_client, set_tracing_disabled)
+from common import API_KEY, BASE_URL, MODEL, TOOL_PROMPT, case, finish
+from openai import AsyncOpenAI
+
+client = AsyncOpenAI(base_url=BASE_URL, api_key=API_KEY, max_retries=0, timeout=120)
+set_default_openai_client(client, use_for_tracing=False)
+set_default_openai_api("responses")
+set_tracing_disabled(True)
+
+calls = []
+
+
+@function_tool
+def lookup(function_name: str) -> str:
+    """Look up a Python function's documentation."""
+    calls.append(function_name)
+    return "heappush(heap, item): push item onto heap, keeping the heap invariant."
+
+
+class Answer(pydantic.BaseModel):
+    summary: str
+
+
+# tool_choice "required" makes the tiny model call the tool on the first turn; the SDK resets it after a call
+# (reset_tool_choice), so the second turn can answer. max_tokens bounds each turn on the CPU.
+SETTINGS = ModelSettings(temperature=0, tool_choice="required", max_tokens=160)
+
+
+def agent(**kw):
+    return Agent(name="helper", instructions="Answer using the tools.", tools=[lookup], model=MODEL,
+                 model_settings=SETTINGS, **kw)
+
+
+@case
+def responses_tool_then_answer():
+    calls.clear()
+    r = Runner.run_sync(agent(), TOOL_PROMPT, max_turns=4)
+    assert calls, "the tool was not called"
+    assert isinstance(r.final_output, str), r.final_output
+
+
+@case
+def responses_streamed():
+    calls.clear()
+
+    async def go():
+        r = Runner.run_streamed(agent(), TOOL_PROMPT, max_turns=4)
+        kinds = set()
+        async for e in r.stream_events():
+            kinds.add(e.type)
+        return r, kinds
+
+    r, kinds = asyncio.run(go())
+    assert calls, "the tool was not called"
+    assert "raw_response_event" in kinds, kinds
+    assert isinstance(r.final_output, str), r.final_output
+
+
+@case
+def responses_tools_and_output_type():
+    calls.clear()
+    r = Runner.run_sync(agent(output_type=Answer), TOOL_PROMPT, max_turns=4)
+    assert calls, "the tool was not called"
+    assert isinstance(r.final_output, Answer), r.final_output
+
+
+@case
+def chat_model_tools_and_output_type():
+    calls.clear()
+    a = agent(output_type=Answer)
+    a.model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+    r = Runner.run_sync(a, TOOL_PROMPT, max_turns=4)
+    assert calls, "the tool was not called"
+    assert isinstance(r.final_output, Answer), r.final_output
+
+
+finish()
