@@ -59,6 +59,18 @@ inline void pack_row_sampling(float out[k_row_sampling_cols], const sampling_par
     out[1] = (float)p.top_k, out[2] = p.top_p, out[3] = p.min_p;
 }
 
+// Per-slot logit adjustments applied on the device (backend::adjust_logits), as scheduler::choose applies them
+// on the host: OpenAI's presence/frequency penalties over the generated ids, HF's repetition penalty over the
+// prompt's and the generated ids, then OpenAI's logit_bias.
+//   pen     f32 [slots, k_adjust_cols]: presence, frequency, repetition, active (1: adjust this slot's rows),
+//           bias entries in use
+//   counts  int32 [slots, n_valid]: bits 0..29 how often the slot generated the id (saturating), bit 30 set
+//           when the prompt holds it
+//   bias    int32 [slots, 2 * k_device_max_bias]: (id, bias as f32 bits) pairs, applied in order
+constexpr int64_t k_adjust_cols = 5;
+constexpr int64_t k_device_max_bias = 300;  // OpenAI's cap on logit_bias entries; a longer list is applied on the host
+constexpr int32_t k_count_prompt_bit = 1 << 30;
+
 class backend {
   public:
     virtual ~backend() = default;
@@ -151,6 +163,13 @@ class backend {
     // and row_samples_on_device) are replaced by a draw that advances the slot's rng, as tansy::sampler draws.
     virtual void sample_rows(const tensor& ids_out, const tensor& logits, int64_t n_valid, const tensor& params,
                              const tensor& rng, const tensor& row_slot) = 0;
+    // In place on logits [rows, >= n_valid]: row r, of slot row_slot[r], gets its slot's adjustments (see
+    // k_adjust_cols) when that slot is active; the first n_valid columns only.
+    virtual void adjust_logits(const tensor& logits, int64_t n_valid, const tensor& row_slot, const tensor& pen,
+                               const tensor& counts, const tensor& bias) = 0;
+    // After a pick: counts[row_slot[r]][ids[r]] += 1 (saturating below k_count_prompt_bit) for rows whose slot is
+    // active. One row per slot.
+    virtual void count_picks(const tensor& counts, const tensor& ids, const tensor& row_slot, const tensor& pen) = 0;
     // out[r] = vals[row_slot[r]] and vals[row_slot[r]] = in[r] (int32 [rows, 1]; vals [slots, 1]).
     virtual void gather_slots(const tensor& out, const tensor& vals, const tensor& row_slot) = 0;
     virtual void scatter_slots(const tensor& vals, const tensor& in, const tensor& row_slot) = 0;

@@ -1,6 +1,7 @@
 #include "runtime/decode_step.h"
 
 #include <atomic>
+#include <cstring>
 
 #include "core/check.h"
 #include "runtime/engine.h"
@@ -23,6 +24,9 @@ decode_step::decode_step(engine& eng, int max_slots, bool graphs)
     ids_ = be_.alloc(max_slots, 1, dtype::i32);
     next_ = be_.alloc(max_slots, 1, dtype::i32);
     one_slot_ = be_.alloc(1, 1, dtype::i32);
+    pen_ = be_.alloc(max_slots + 1, k_adjust_cols, dtype::f32);
+    bias_ = be_.alloc(max_slots + 1, 2 * k_device_max_bias, dtype::i32);
+    adjusting_.assign((size_t)max_slots + 1, false);
     host_params_.assign((size_t)(max_slots + 1) * k_row_sampling_cols, 0.0f);
     pinned_ = be_.alloc_host((size_t)k_ring * (size_t)max_slots * sizeof(int32_t));
     fences_.assign(k_ring, 0);
@@ -38,13 +42,42 @@ decode_step::~decode_step() {
     for (const auto& [key, mark] : captured_) be_.drop_graph(key);
 }
 
-void decode_step::bind(int slot, const sampling_params& p) {
+void decode_step::bind(int slot, const sampling_params& p, const logit_adjust* adjust) {
     TANSY_CHECK(slot >= 0 && slot < max_slots_, "decode_step: slot %d of %d", slot, max_slots_);
     float* a = host_params_.data() + (size_t)slot * k_row_sampling_cols;
     pack_row_sampling(a, p, n_valid_);
     be_.upload(params_.t().rows_view(slot, 1), a);
     const uint64_t st = sampling_math::rng_start(p.seed);
     be_.upload(rng_.t().rows_view(slot, 1), &st);
+
+    float pen[k_adjust_cols] = {0.0f, 0.0f, 1.0f, 0.0f, 0.0f};
+    if (adjust) {
+        TANSY_CHECK(fits_on_device(adjust->penalties, adjust->bias), "decode_step: %zu logit_bias entries (at most %lld)",
+                    adjust->bias.size(), (long long)k_device_max_bias);
+        const penalty_params& pp = adjust->penalties;
+        pen[0] = pp.presence, pen[1] = pp.frequency, pen[2] = pp.repetition, pen[3] = 1.0f;
+        pen[4] = (float)adjust->bias.size();
+        std::vector<int32_t> b((size_t)2 * k_device_max_bias, -1);
+        for (size_t i = 0; i < adjust->bias.size(); i++) {
+            b[2 * i] = adjust->bias[i].first;
+            memcpy(&b[2 * i + 1], &adjust->bias[i].second, sizeof(float));
+        }
+        be_.upload(bias_.t().rows_view(slot, 1), b.data());
+        if (!counts_) counts_ = be_.alloc(max_slots_ + 1, n_valid_, dtype::i32);
+        std::vector<int32_t> c((size_t)n_valid_, 0);
+        if (pp.repetition != 1.0f && adjust->prompt)
+            for (int32_t id : *adjust->prompt)
+                if (id >= 0 && id < n_valid_) c[(size_t)id] = k_count_prompt_bit;
+        be_.upload(counts_.t().rows_view(slot, 1), c.data());
+    }
+    be_.upload(pen_.t().rows_view(slot, 1), pen);
+    adjusting_[(size_t)slot] = adjust != nullptr;
+}
+
+bool decode_step::any_adjust(const std::vector<int32_t>& slots) const {
+    for (int32_t s : slots)
+        if (adjusting_[(size_t)s]) return true;
+    return false;
 }
 
 void decode_step::set_token(int slot, int32_t id) {
@@ -58,17 +91,21 @@ int32_t decode_step::pick_prompt(int slot, const tensor& logits) {
     const int32_t s = slot;
     be_.upload(one_slot_.t(), &s);
     const tensor nx = next_.t().rows_view(0, 1);
-    pick(nx, logits, one_slot_.t(), host_params_[(size_t)slot * k_row_sampling_cols] > 0);
+    pick(nx, logits, one_slot_.t(), host_params_[(size_t)slot * k_row_sampling_cols] > 0, adjusting_[(size_t)slot]);
     int32_t id = 0;
     be_.download(&id, nx);
     return id;
 }
 
-// next = each logits row's argmax, or its slot's device draw; then into the slots' next input tokens.
-void decode_step::pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling) {
+// next = each logits row's argmax, or its slot's device draw, after the slots' penalties and bias where any
+// row has them (in place: logits() then shows adjusted rows for those slots); then into the slots' next input
+// tokens, and counted for the penalties.
+void decode_step::pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling, bool adjust) {
+    if (adjust) be_.adjust_logits(logits, n_valid_, slots, pen_.t(), counts_.t(), bias_.t());
     be_.argmax(next, logits, n_valid_);
     if (sampling) be_.sample_rows(next, logits, n_valid_, params_.t(), rng_.t(), slots);
     be_.scatter_slots(tok_.t(), next, slots);
+    if (adjust) be_.count_picks(counts_.t(), next, slots, pen_.t());
 }
 
 // The picks of step `++launched_` (its first `n` rows of next_) into its ring entry of pinned memory.
@@ -80,11 +117,11 @@ uint64_t decode_step::copy_out(int64_t n) {
     return t;
 }
 
-void decode_step::run_ops(int64_t B, bool sampling, const std::vector<seq_span>& spans) {
+void decode_step::run_ops(int64_t B, bool sampling, bool adjust, const std::vector<seq_span>& spans) {
     const tensor ids = ids_.t().rows_view(0, B), rs = row_slot_.t().rows_view(0, B);
     be_.gather_slots(ids, tok_.t(), rs);
     logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
-    pick(next_.t().rows_view(0, B), logits_, rs, sampling);
+    pick(next_.t().rows_view(0, B), logits_, rs, sampling, adjust);
 }
 
 // A step with prompt chunks: decode rows first (one token each), then each chunk's span; one logits row per
@@ -121,7 +158,7 @@ void decode_step::run_mixed(const std::vector<row>& rows, const std::vector<prom
     const tensor ids = mixed_ids_.t().rows_view(0, T);
     if (B > 0) be_.gather_slots(ids.rows_view(0, B), tok_.t(), ms.rows_view(0, B));
     logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
-    pick(next_.t().rows_view(0, B + C), logits_, ms, sampling);
+    pick(next_.t().rows_view(0, B + C), logits_, ms, sampling, any_adjust(slots));
 }
 
 uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks) {
@@ -152,10 +189,11 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         row_slot_host_ = slots;
         row_slot_rows_ = B;
     }
-    // One graph per (rows, any row draws), keyed apart from other decode_steps on the backend; it holds the
-    // states' capacity (baked into the kernels) and the memory epochs it was recorded at, and is recorded again
-    // when either differs. Span lengths are all 1 here: prepare_step's contract.
-    const uint64_t key = (uid_ << 24) ^ ((uint64_t)B << 1) ^ (uint64_t)sampling;
+    // One graph per (rows, any row draws, any row has penalties or bias), keyed apart from other decode_steps on
+    // the backend; it holds the states' capacity (baked into the kernels) and the memory epochs it was recorded
+    // at, and is recorded again when either differs. Span lengths are all 1 here: prepare_step's contract.
+    const bool adjust = any_adjust(slots);
+    const uint64_t key = (uid_ << 24) ^ ((uint64_t)B << 2) ^ ((uint64_t)adjust << 1) ^ (uint64_t)sampling;
     const shape_mark now{capacity, be_.memory_epoch(), eng_.fwd().memory_epoch()};
     bool same_capacity = true;
     for (const row& w : rows) same_capacity = same_capacity && w.state->capacity() == capacity;
@@ -172,7 +210,7 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         be_.prepare_step(spans);
         be_.capture_begin();
         try {
-            run_ops(B, sampling, spans);
+            run_ops(B, sampling, adjust, spans);
         } catch (...) {
             be_.capture_abort();
             for (const row& r : rows) r.state->set_n_past(spans[(size_t)(&r - rows.data())].pos0);
@@ -185,7 +223,7 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         for (const row& r : rows) r.state->set_n_past(r.state->n_past() + 1);
         captured_[key] = now;
     } else {
-        run_ops(B, sampling, spans);
+        run_ops(B, sampling, adjust, spans);
         warm_[key] = {capacity, be_.memory_epoch(), eng_.fwd().memory_epoch()};
     }
     return copy_out(B);

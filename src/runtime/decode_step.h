@@ -9,9 +9,10 @@
 // reads step t's tokens. On a backend with graphs a step of B rows is one graph replay: one graph per (B, greedy
 // or sampling, capacity), captured at the second step of that shape and again whenever memory moves.
 //
-// Rows whose request needs the whole distribution (log-probs, penalties, a grammar, or sampling settings the
-// device does not draw: row_samples_on_device) are picked by the caller on the host from logits(), and the
-// choice goes back to the slot with set_token before the next step.
+// Penalties and logit_bias are applied on the device, per slot, before the pick. Rows whose request needs the
+// whole distribution (log-probs, a grammar, or sampling settings the device does not draw:
+// row_samples_on_device) are picked by the caller on the host from logits(), and the choice goes back to the
+// slot with set_token before the next step.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -36,8 +37,19 @@ class decode_step {
 
     int max_slots() const { return max_slots_; }
 
-    // A sequence takes `slot`: its sampling parameters, and its RNG from the start of its seed's stream.
-    void bind(int slot, const sampling_params& p);
+    // Penalties and logit_bias a slot applies on the device before its pick (backend::adjust_logits), as the
+    // host would (scheduler::choose). The prompt's ids count for the repetition penalty.
+    struct logit_adjust {
+        penalty_params penalties;
+        std::vector<std::pair<int32_t, float>> bias;  // at most k_device_max_bias entries
+        const std::vector<int32_t>* prompt = nullptr;
+    };
+    static bool fits_on_device(const penalty_params& p, const std::vector<std::pair<int32_t, float>>& bias) {
+        return (p.any() || !bias.empty()) && (int64_t)bias.size() <= k_device_max_bias;
+    }
+    // A sequence takes `slot`: its sampling parameters, and its RNG from the start of its seed's stream; with
+    // `adjust`, the penalties and bias its rows get on the device (none without).
+    void bind(int slot, const sampling_params& p, const logit_adjust* adjust = nullptr);
     // The slot's next input token, decided on the host.
     void set_token(int slot, int32_t id);
 
@@ -71,9 +83,10 @@ class decode_step {
     static constexpr int k_ring = 4;  // steps whose tokens can be in flight at once
 
   private:
-    void run_ops(int64_t B, bool sampling, const std::vector<seq_span>& spans);
+    void run_ops(int64_t B, bool sampling, bool adjust, const std::vector<seq_span>& spans);
     void run_mixed(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks);
-    void pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling);
+    void pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling, bool adjust);
+    bool any_adjust(const std::vector<int32_t>& slots) const;
     uint64_t copy_out(int64_t n);
 
     engine& eng_;
@@ -86,6 +99,10 @@ class decode_step {
     // chunks that are not a prompt's last (greedy, never read)
     buffer tok_, params_, rng_, row_slot_, ids_, next_, one_slot_;
     buffer mixed_ids_, mixed_slot_;  // a mixed step's ids and pick -> slot table (never in a graph)
+    // logit adjustments (backend.h: k_adjust_cols): pen_ and bias_ from the start, counts_ ([slots, n_valid]
+    // int32, ~1 MB per slot) from the first slot that uses them; adjusting_[slot] mirrors pen_'s active column
+    buffer pen_, bias_, counts_;
+    std::vector<bool> adjusting_;
     std::vector<float> host_params_;        // [max_slots, 4], mirrors params_
     std::vector<int32_t> row_slot_host_;    // what row_slot_ holds
     int64_t row_slot_rows_ = -1;

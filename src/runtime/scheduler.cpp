@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "model/config.h"
+#include "sampling/sampler_math.h"
 
 namespace tansy {
 
@@ -39,7 +40,7 @@ struct scheduler::sequence {
     size_t need = 0;        // state bytes it was admitted on (a state that grows on demand shows less until filled)
     int64_t generated = 0;
     int64_t in_flight = 0;  // decode steps launched for it whose token is not emitted yet
-    bool host_always = false;  // every token is chosen on the host (penalties, log-probs, sampling the device does not draw)
+    bool host_always = false;  // every token is chosen on the host (log-probs, sampling the device does not draw, ...)
     bool done = false;
     std::unordered_map<int32_t, int> counts;  // generated ids (presence/frequency penalties)
     std::unordered_set<int32_t> seen;         // prompt and generated ids (repetition penalty)
@@ -185,13 +186,12 @@ token_event scheduler::choose(sequence& s, const float* row, int32_t device_argm
             scratch_.assign(row, row + nv);
             if (pp.frequency != 0.0f || pp.presence != 0.0f)
                 for (const auto& [tok, n] : s.counts)
-                    if (tok < nv) scratch_[(size_t)tok] -= pp.frequency * (float)n + pp.presence;
+                    if (tok < nv)
+                        scratch_[(size_t)tok] = sampling_math::presence_frequency(scratch_[(size_t)tok], n, pp.presence,
+                                                                                  pp.frequency);
             if (pp.repetition != 1.0f)
                 for (int32_t tok : s.seen)
-                    if (tok < nv) {
-                        float& x = scratch_[(size_t)tok];
-                        x = x > 0 ? x / pp.repetition : x * pp.repetition;
-                    }
+                    if (tok < nv) scratch_[(size_t)tok] = sampling_math::repetition(scratch_[(size_t)tok], pp.repetition);
             for (const auto& [tok, bias] : s.req.logit_bias)
                 if (tok >= 0 && tok < nv) scratch_[(size_t)tok] += bias;
             if (constrained) s.req.constraint->mask(scratch_.data(), nv, s.req.max_tokens - s.generated);
@@ -454,11 +454,19 @@ void scheduler::loop() {
                 free_slots_.pop_back();
                 const sampling_params& sp = seq.req.sampling;
                 // a sampled row with a grammar draws on the host throughout, so that its draws are one stream
-                seq.host_always = seq.req.penalties.any() || !seq.req.logit_bias.empty() || seq.req.logprobs >= 0 ||
+                seq.host_always = seq.req.logprobs >= 0 ||
                                   (sp.temperature > 0 && (seq.req.constraint || !row_samples_on_device(sp, eng_.n_valid_tokens())));
+                // penalties and logit_bias go with the pick: on the device, unless the host picks anyway (or may,
+                // under a grammar) or the bias list is longer than the device holds
+                const bool adjusts = seq.req.penalties.any() || !seq.req.logit_bias.empty();
+                const bool device_adjust = adjusts && !seq.host_always && !seq.req.constraint &&
+                                           decode_step::fits_on_device(seq.req.penalties, seq.req.logit_bias);
+                seq.host_always = seq.host_always || (adjusts && !device_adjust);
+                if (seq.req.penalties.repetition != 1.0f) seq.seen.insert(seq.req.prompt.begin(), seq.req.prompt.end());
                 sampling_params on_device = sp;
                 if (seq.host_always) on_device.temperature = 0;  // the slot's pick is an argmax the host replaces
-                step_->bind(seq.slot, on_device);
+                decode_step::logit_adjust adj{seq.req.penalties, seq.req.logit_bias, &seq.req.prompt};
+                step_->bind(seq.slot, on_device, device_adjust ? &adj : nullptr);
                 eng_.check_ids(seq.req.prompt);  // once, at admission (a bad id ends the request with its error)
                 seq.st = eng_.new_sequence(capacity_for((int64_t)seq.req.prompt.size() + seq.req.max_tokens));
             } catch (const std::exception& e) {

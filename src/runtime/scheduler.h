@@ -35,13 +35,6 @@
 
 namespace tansy {
 
-// OpenAI's presence/frequency penalties (over generated tokens) and HF's repetition penalty (over prompt and
-// generated tokens).
-struct penalty_params {
-    float presence = 0.0f, frequency = 0.0f, repetition = 1.0f;
-    bool any() const { return presence != 0.0f || frequency != 0.0f || repetition != 1.0f; }
-};
-
 // Restricts which tokens may come next (JSON mode, forced tool calls). Lives on the engine thread only.
 class token_constraint {
   public:

@@ -14,6 +14,13 @@ struct sampling_params {
     uint64_t seed = 0;
 };
 
+// OpenAI's presence/frequency penalties (over generated tokens) and HF's repetition penalty (over prompt and
+// generated tokens).
+struct penalty_params {
+    float presence = 0.0f, frequency = 0.0f, repetition = 1.0f;
+    bool any() const { return presence != 0.0f || frequency != 0.0f || repetition != 1.0f; }
+};
+
 class sampler {
   public:
     // Ids >= n_valid (the embedding's padding rows, MODEL.md §6) are never chosen; 0 means all are valid.

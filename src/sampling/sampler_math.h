@@ -121,4 +121,18 @@ TANSY_HD int draw_sorted(const float* l, int m, float inv_t, float top_p, float 
     return keep - 1;
 }
 
+// The penalties of one logit, in scheduler::choose's order (and backend::adjust_logits'): OpenAI's presence and
+// frequency penalties for an id generated n > 0 times, then HF's repetition penalty for an id in the prompt or
+// the generated text (positive logits divided, negative ones multiplied).
+TANSY_HD float presence_frequency(float x, int32_t n, float presence, float frequency) {
+    return add_rn(x, -add_rn(mul_rn(frequency, (float)n), presence));
+}
+TANSY_HD float repetition(float x, float penalty) {
+#if defined(__CUDA_ARCH__)
+    return x > 0 ? __fdiv_rn(x, penalty) : __fmul_rn(x, penalty);
+#else
+    return x > 0 ? x / penalty : x * penalty;
+#endif
+}
+
 }  // namespace tansy::sampling_math

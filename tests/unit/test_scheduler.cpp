@@ -538,5 +538,88 @@ TEST(scheduler, device_drawn_requests_equal_the_host_sampler) {
     EXPECT_EQ(sink->ids(), host);
 }
 
+// Penalties and logit_bias are applied on the device before the device's pick; a request that also asks for
+// log-probs is picked on the host, which applies them there (scheduler::choose). Both must choose the same
+// tokens, greedy and seeded, alone and in one batch with rows that have none.
+void expect_device_adjust_equals_host(text_engine& te) {
+    auto prompt_of = [&](const std::string& user) {
+        const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", user}}});
+        return te.tok().encode(render_chat(msgs, nullptr, chat_options{}));
+    };
+    const std::vector<int32_t> p0 = prompt_of("Write a haiku about the sea."), p1 = prompt_of("List three colours.");
+    const int32_t banned = reference_greedy(p0, 1).at(0);
+    struct variant {
+        std::vector<int32_t> prompt;
+        penalty_params pen;
+        std::vector<std::pair<int32_t, float>> bias;
+        float temperature;
+    };
+    const std::vector<variant> variants = {
+        {p0, {0.0f, 0.0f, 1.3f}, {}, 0.0f},                        // repetition: the prompt's ids count
+        {p0, {0.6f, 0.4f, 1.0f}, {{banned, -100.0f}}, 0.0f},      // presence + frequency, the first pick banned
+        {p1, {0.3f, 0.7f, 1.1f}, {{banned, 2.5f}, {11, -1.0f}}, 0.9f},  // all together, sampled
+        {p1, {}, {{banned, -100.0f}, {banned, 50.0f}}, 0.0f},     // duplicate ids add up, as on the host
+    };
+    auto request = [&](const variant& v, bool host, const std::shared_ptr<collect_sink>& sink) {
+        sequence_request r;
+        r.prompt = v.prompt;
+        r.max_tokens = 24;
+        r.sink = sink;
+        r.penalties = v.pen;
+        r.logit_bias = v.bias;
+        r.sampling.temperature = v.temperature;
+        r.sampling.top_k = v.temperature > 0 ? 40 : 0;
+        r.sampling.seed = 99;
+        if (host) r.logprobs = 0;  // a host pick: the penalties and bias are applied there
+        return r;
+    };
+    std::vector<std::vector<int32_t>> host_ids;
+    for (const variant& v : variants) {
+        scheduler s(te.eng(), scheduler_options{});
+        auto sink = std::make_shared<collect_sink>();
+        ASSERT_EQ(s.submit(1, request(v, true, sink)), scheduler::submit_status::ok);
+        sink->wait();
+        host_ids.push_back(sink->ids());
+    }
+    EXPECT_NE(host_ids[1].at(0), banned);
+    // on the device: each alone, then all in one batch beside a plain greedy row
+    for (size_t i = 0; i < variants.size(); i++) {
+        scheduler s(te.eng(), scheduler_options{});
+        auto sink = std::make_shared<collect_sink>();
+        ASSERT_EQ(s.submit(1, request(variants[i], false, sink)), scheduler::submit_status::ok);
+        sink->wait();
+        EXPECT_EQ(sink->ids(), host_ids[i]) << "variant " << i << " alone";
+    }
+    scheduler s(te.eng(), scheduler_options{});
+    std::vector<std::shared_ptr<collect_sink>> sinks;
+    for (size_t i = 0; i < variants.size(); i++) {
+        sinks.push_back(std::make_shared<collect_sink>());
+        ASSERT_EQ(s.submit(10 + i, request(variants[i], false, sinks.back())), scheduler::submit_status::ok);
+    }
+    auto plain = std::make_shared<collect_sink>();
+    sequence_request r = request(variants[0], false, plain);
+    r.penalties = {};
+    ASSERT_EQ(s.submit(99, std::move(r)), scheduler::submit_status::ok);
+    for (size_t i = 0; i < variants.size(); i++) {
+        sinks[i]->wait();
+        EXPECT_EQ(sinks[i]->ids(), host_ids[i]) << "variant " << i << " in a batch";
+    }
+    plain->wait();
+}
+
+TEST(scheduler, device_penalties_and_bias_equal_the_host_path) { expect_device_adjust_equals_host(tiny()); }
+
+TEST(scheduler, cuda_device_penalties_and_bias_equal_the_host_path) {
+    std::unique_ptr<text_engine> te;
+    try {
+        engine_options o;
+        o.backend = "cuda";
+        te = std::make_unique<text_engine>(o);
+    } catch (const error& e) {
+        GTEST_SKIP() << "no CUDA backend: " << e.what();
+    }
+    expect_device_adjust_equals_host(*te);
+}
+
 }  // namespace
 }  // namespace tansy

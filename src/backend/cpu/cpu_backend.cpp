@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "core/fp8.h"
 #include "sampling/sampler.h"
+#include "sampling/sampler_math.h"
 
 namespace tansy {
 
@@ -155,6 +156,44 @@ class cpu_backend final : public backend {
             smp.set_rng_state(*st);
             ((int32_t*)ids_out.data)[r] = smp.sample(f32(logits) + r * logits.cols, nv);
             *st = smp.rng_state();
+        }
+    }
+    void adjust_logits(const tensor& logits, int64_t n_valid, const tensor& row_slot, const tensor& pen,
+                       const tensor& counts, const tensor& bias) override {
+        TANSY_CHECK(pen.cols == k_adjust_cols && pen.type == dtype::f32 && counts.type == dtype::i32 &&
+                        counts.rows == pen.rows && bias.rows == pen.rows && bias.cols == 2 * k_device_max_bias &&
+                        row_slot.rows >= logits.rows,
+                    "adjust_logits shapes");
+        const int64_t nv = std::min({n_valid, logits.cols, counts.cols});
+        for (int64_t r = 0; r < logits.rows; r++) {
+            const int32_t s = ((const int32_t*)row_slot.data)[r];
+            TANSY_CHECK(s >= 0 && s < pen.rows, "adjust_logits: slot %d of %lld", s, (long long)pen.rows);
+            const float* a = f32(pen) + s * k_adjust_cols;
+            if (a[3] == 0.0f) continue;
+            float* x = f32(logits) + r * logits.cols;
+            const int32_t* c = (const int32_t*)counts.data + s * counts.cols;
+            for (int64_t v = 0; v < nv; v++) {
+                if (c[v] == 0) continue;
+                const int32_t n = c[v] & (k_count_prompt_bit - 1);
+                if (n > 0) x[v] = sampling_math::presence_frequency(x[v], n, a[0], a[1]);
+                if (a[2] != 1.0f) x[v] = sampling_math::repetition(x[v], a[2]);
+            }
+            const int32_t* b = (const int32_t*)bias.data + s * bias.cols;
+            for (int64_t i = 0; i < (int64_t)a[4]; i++) {
+                const int32_t id = b[2 * i];
+                float add;
+                memcpy(&add, &b[2 * i + 1], sizeof add);
+                if (id >= 0 && id < nv) x[id] += add;
+            }
+        }
+    }
+    void count_picks(const tensor& counts, const tensor& ids, const tensor& row_slot, const tensor& pen) override {
+        for (int64_t r = 0; r < ids.rows; r++) {
+            const int32_t s = ((const int32_t*)row_slot.data)[r], id = ((const int32_t*)ids.data)[r];
+            TANSY_CHECK(s >= 0 && s < pen.rows, "count_picks: slot %d of %lld", s, (long long)pen.rows);
+            if (f32(pen)[s * k_adjust_cols + 3] == 0.0f || id < 0 || id >= counts.cols) continue;
+            int32_t& c = ((int32_t*)counts.data)[s * counts.cols + id];
+            if ((c & (k_count_prompt_bit - 1)) < k_count_prompt_bit - 1) c++;
         }
     }
     void gather_slots(const tensor& out, const tensor& vals, const tensor& row_slot) override {

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "backend/backend.h"
+#include "backend/cuda/adjust.cuh"
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/device.h"
@@ -420,6 +421,20 @@ class cuda_backend final : public backend {
         sample_slot_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols,
                          std::min(n_valid, logits.cols), (const float*)params.data, (uint64_t*)rng.data,
                          (const int32_t*)row_slot.data, stream_);
+    }
+    void adjust_logits(const tensor& logits, int64_t n_valid, const tensor& row_slot, const tensor& pen,
+                       const tensor& counts, const tensor& bias) override {
+        TANSY_CHECK(pen.cols == k_adjust_cols && pen.type == dtype::f32 && counts.type == dtype::i32 &&
+                        counts.rows == pen.rows && bias.rows == pen.rows && bias.cols == 2 * k_device_max_bias &&
+                        row_slot.rows >= logits.rows,
+                    "cuda adjust_logits shapes");
+        adjust_logits_rows(f32(logits), (int)logits.rows, logits.cols, std::min(n_valid, logits.cols),
+                           (const int32_t*)row_slot.data, (const float*)pen.data, (const int32_t*)counts.data,
+                           counts.cols, (const int32_t*)bias.data, (int)k_device_max_bias, stream_);
+    }
+    void count_picks(const tensor& counts, const tensor& ids, const tensor& row_slot, const tensor& pen) override {
+        count_picks_rows((int32_t*)counts.data, counts.cols, (const int32_t*)ids.data, (const int32_t*)row_slot.data,
+                         (const float*)pen.data, (int)ids.rows, stream_);
     }
     void gather_slots(const tensor& out, const tensor& vals, const tensor& row_slot) override {
         gather_slots_i32((int32_t*)out.data, (const int32_t*)vals.data, (const int32_t*)row_slot.data, (int)out.rows,
