@@ -535,7 +535,8 @@ responses_writer::item& responses_writer::open_item(item::kind_t k, std::string&
 
 std::string responses_writer::begin() {
     const ojson r = response_json("in_progress");
-    return event("response.created", {{"response", r}}) + event("response.in_progress", {{"response", r}});
+    std::string out = event("response.created", {{"response", r}});  // (two statements: sequence numbers in order)
+    return out + event("response.in_progress", {{"response", r}});
 }
 
 std::string responses_writer::add(const parsed_delta& d, const ojson& logprobs) {
@@ -600,7 +601,8 @@ std::string responses_writer::finish_events(bool incomplete, int64_t input_token
     if (incomplete && !items_.empty() && items_.back().open) items_.back().incomplete = true;
     close_current(out);
     const ojson r = finish(incomplete, input_tokens, output_tokens, reasoning_tokens);
-    return out + event(incomplete ? "response.incomplete" : "response.completed", {{"response", r}});
+    out += event(incomplete ? "response.incomplete" : "response.completed", {{"response", r}});
+    return out;
 }
 
 std::string responses_writer::failed(const api_error& e) {
@@ -609,7 +611,8 @@ std::string responses_writer::failed(const api_error& e) {
                                       {"param", e.param.empty() ? ojson(nullptr) : ojson(e.param)}});
     for (item& it : items_) it.open = false, it.incomplete = true;  // no done events: the response failed
     error_ = {{"code", "server_error"}, {"message", e.what()}};
-    return out + event("response.failed", {{"response", response_json("failed")}});
+    out += event("response.failed", {{"response", response_json("failed")}});
+    return out;
 }
 
 }  // namespace tansy
