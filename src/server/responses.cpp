@@ -190,7 +190,9 @@ ojson translate_format(const ojson& text) {
     if (t == "json_schema") {
         const ojson* schema = field(*f, "schema");
         if (!schema || !schema->is_object()) bad("text.format.schema", "text.format.schema must be a JSON schema object");
-        ojson js = {{"name", f->value("name", "response")}, {"schema", *schema}};
+        const ojson* name = field(*f, "name");
+        if (name && !name->is_string()) bad("text.format.name", "text.format.name must be a string");
+        ojson js = {{"name", name ? *name : ojson("response")}, {"schema", *schema}};
         for (const char* k : {"description", "strict"})
             if (const ojson* v = field(*f, k)) js[k] = *v;
         return {{"type", "json_schema"}, {"json_schema", js}};
@@ -416,10 +418,12 @@ responses_request parse_responses_request(const std::string& body, const samplin
     const ojson* meta = field(j, "metadata");
     if (meta && !meta->is_object()) bad("metadata", "'metadata' must be an object");
     const ojson* user = field(j, "user");
+    const ojson* ptc = field(j, "parallel_tool_calls");  // checked by the chat parser
+    const ojson* trunc = field(j, "truncation");
     rr.items = std::move(items);
     rr.echo = {{"instructions", instructions.empty() ? ojson(nullptr) : ojson(instructions)},
                {"max_output_tokens", rr.chat.max_tokens > 0 ? ojson(rr.chat.max_tokens) : ojson(nullptr)},
-               {"parallel_tool_calls", j.value("parallel_tool_calls", true)},
+               {"parallel_tool_calls", ptc ? *ptc : ojson(true)},
                {"previous_response_id", prev_id.empty() ? ojson(nullptr) : ojson(prev_id)},
                {"reasoning", echo_reasoning},
                {"store", rr.store},
@@ -429,7 +433,7 @@ responses_request parse_responses_request(const std::string& body, const samplin
                {"tools", echo_tools},
                {"top_logprobs", top_logprobs},
                {"top_p", rr.chat.sampling.top_p},
-               {"truncation", j.value("truncation", "disabled")},
+               {"truncation", trunc ? *trunc : ojson("disabled")},
                {"user", user ? *user : ojson(nullptr)},
                {"metadata", meta ? *meta : ojson::object()}};
     return rr;

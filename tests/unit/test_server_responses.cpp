@@ -137,6 +137,15 @@ TEST(server_responses, tools_tool_choice_format_reasoning) {
     EXPECT_EQ(js.echo["text"]["format"]["name"], "p");
     EXPECT_EQ(js.echo["text"]["verbosity"], "low");
     EXPECT_FALSE(parse(R"({"input": "hi", "text": {"format": {"type": "text"}}})").chat.json_mode);
+    // explicit nulls are "not given", as in chat
+    responses_request nulls = parse(R"({"input": "hi", "parallel_tool_calls": null, "truncation": null, "tools": null,
+        "tool_choice": null, "text": null, "reasoning": null, "metadata": null, "user": null, "store": null,
+        "instructions": null, "previous_response_id": null, "max_output_tokens": null, "temperature": null})");
+    EXPECT_EQ(nulls.echo["parallel_tool_calls"], true);
+    EXPECT_EQ(nulls.echo["truncation"], "disabled");
+    EXPECT_TRUE(nulls.store);
+    EXPECT_EQ(error_of(R"({"input": "hi", "text": {"format": {"type": "json_schema", "name": 3, "schema": {}}}})").param,
+              "text.format.name");
     responses_request lp = parse(R"({"input": "hi", "include": ["message.output_text.logprobs"], "top_logprobs": 2})");
     EXPECT_EQ(lp.chat.logprobs, 2);
     EXPECT_EQ(parse(R"({"input": "hi", "include": ["reasoning.encrypted_content"]})").chat.logprobs, -1);
