@@ -403,10 +403,26 @@ class http_server::impl {
 
     // ---- routing and response heads (any thread; routes_ and opt_ do not change while serving)
 
+    // A route's path matches exactly, or, ending in "/*", any path under it ("/v1/responses/*": "/v1/responses/ID").
+    static bool path_matches(const std::string& route, const std::string& path) {
+        if (route == path) return true;
+        const size_t n = route.size();
+        return n >= 2 && route.compare(n - 2, 2, "/*") == 0 && path.size() > n - 1 &&
+               path.compare(0, n - 1, route, 0, n - 1) == 0;
+    }
+
+    const http_handler* find_route(const std::string& method, const std::string& path) const {
+        const auto h = routes_.find(route_key{method, path});
+        if (h != routes_.end()) return &h->second;
+        for (const auto& [k, f] : routes_)
+            if (k.method == method && path_matches(k.path, path)) return &f;
+        return nullptr;
+    }
+
     std::string allowed_methods(const std::string& path) const {
         std::string allow;
         for (const auto& [k, h] : routes_)
-            if (k.path == path && allow.find(k.method) == std::string::npos) allow += k.method + ", ";
+            if (path_matches(k.path, path) && allow.find(k.method) == std::string::npos) allow += k.method + ", ";
         if (allow.empty()) return "";
         return allow + "OPTIONS";
     }
@@ -626,7 +642,7 @@ class http_server::impl {
                 reply_simple(204, "", {{"Allow", "GET, POST, OPTIONS"}});
                 return false;
             }
-            if (srv.routes_.count(route_key{head.method, head.path})) return true;
+            if (srv.find_route(head.method, head.path)) return true;
             const std::string allow = srv.allowed_methods(head.path);
             if (allow.empty()) {
                 srv.log(r, 404);
@@ -857,10 +873,10 @@ class http_server::impl {
     // ---- on a worker thread: the handler and its response. Returns whether the connection may be kept.
     bool handle(http_request& r, int fd, bool keep, bool http10,
                 const std::vector<std::pair<std::string, std::string>>& cors) {
-        const auto h = routes_.find(route_key{r.method, r.path});
+        const http_handler* h = find_route(r.method, r.path);
         http_response out;
         try {
-            h->second(r, out);
+            (*h)(r, out);
         } catch (const std::exception& e) {
             out = http_response{};
             out.status = 500;

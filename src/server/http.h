@@ -77,7 +77,8 @@ class http_server {
     http_server(const http_server&) = delete;
     http_server& operator=(const http_server&) = delete;
 
-    // Routes: exact path match (the query string is ignored). Requests to a known path with another method get
+    // Routes: exact path match (the query string is ignored), or a path ending in "/*" for every path under it
+    // (an exact route wins). Requests to a known path with another method get
     // 405, unknown paths 404, bodies over max_body_bytes 413 (all with JSON error bodies made by `error_body`).
     void route(const std::string& method, const std::string& path, http_handler h);
     // (status, message) -> JSON body for errors the server itself produces (404, 405, 413, 500, ...).

@@ -340,6 +340,8 @@ bool has_tool(const ojson& tools, const std::string& name) {
 
 }  // namespace
 
+ojson parse_request_body(const std::string& body) { return parse_body(body); }
+
 completion_request parse_chat_request(const std::string& body, const sampling_params& defaults) {
     const ojson j = parse_body(body);
     completion_request r;

@@ -77,6 +77,9 @@ struct completion_request {
     std::vector<std::string> unknown_fields;
 };
 
+// A request body as a JSON object (size, depth and UTF-8 checked); api_error 400 otherwise.
+ojson parse_request_body(const std::string& body);
+
 // `defaults`: the model's sampling defaults (generation_config.json), used for fields the request omits.
 completion_request parse_chat_request(const std::string& body, const sampling_params& defaults);
 completion_request parse_completion_request(const std::string& body, const sampling_params& defaults);

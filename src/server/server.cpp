@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/check.h"
@@ -22,6 +23,7 @@
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/queue.h"
+#include "server/responses.h"
 #include "server/text_stream.h"
 #include "server/tokenize_api.h"
 #include "server/tokenize_pool.h"
@@ -64,6 +66,7 @@ struct job {
     bool got_first = false, cancel_sent = false;
     finish_event fin;
     std::function<bool()> client_closed;
+    std::shared_ptr<responses_writer> resp;  // POST /v1/responses: its response object and events (chat form)
     std::atomic<int>* in_flight = nullptr;  // the server's count of completion requests, decremented when done
 
     job() = default;
@@ -110,6 +113,7 @@ struct server::state {
     // completion requests between their handler's start and the end of their response (a stream included):
     // what a shutdown waits for, whether their sequence is queued, decoding, or already done and being sent
     std::atomic<int> in_flight{0};
+    response_store stored;  // /v1/responses kept for previous_response_id and GET /v1/responses/{id}
     std::mutex stop_mu, log_mu;
     std::condition_variable stop_cv;
     bool stop_requested = false;
@@ -160,7 +164,8 @@ struct server::state {
             return error_body(status, msg, "", code);
         });
         http.set_logger([this](const http_request& r, int status) {
-            if (r.path != "/v1/chat/completions" && r.path != "/v1/completions" && r.path != "/health" &&
+            if (r.path != "/v1/chat/completions" && r.path != "/v1/completions" && r.path.rfind("/v1/responses", 0) != 0 &&
+                r.path != "/health" &&
                 r.path != "/metrics" && r.path != "/tokenize" && r.path != "/detokenize" && r.path != "/props" &&
                 status >= 400)
                 log_line(strprintf("- %d %s %s", status, r.method.c_str(), r.path.c_str()));
@@ -214,6 +219,12 @@ struct server::state {
                    [this](const http_request& req, http_response& res) { handle_completion(req, res, true); });
         http.route("POST", "/v1/completions",
                    [this](const http_request& req, http_response& res) { handle_completion(req, res, false); });
+        http.route("POST", "/v1/responses",
+                   [this](const http_request& req, http_response& res) { handle_completion(req, res, true, true); });
+        for (const char* method : {"GET", "DELETE"})
+            http.route(method, "/v1/responses/*", [this](const http_request& req, http_response& res) {
+                stored_route(req, res);
+            });
         utility_route("POST", "/tokenize", "tokenize", [this](const http_request& req) {
             const tokenize_request r = parse_tokenize_request(req.body);
             std::vector<int32_t> ids;
@@ -332,8 +343,30 @@ struct server::state {
         return nullptr;
     }
 
-    void handle_completion(const http_request& req, http_response& res, bool chat) {
-        const char* endpoint = chat ? "chat" : "completions";
+    // GET /v1/responses/{id}: a stored response; DELETE: forgets it.
+    void stored_route(const http_request& req, http_response& res) {
+        const std::string id = req.path.substr(std::string("/v1/responses/").size());
+        try {
+            check_auth(req);
+            if (id.find('/') != std::string::npos)
+                throw api_error(404, "no such endpoint: " + req.method + " " + req.path, "", "unknown_url");
+            if (req.method == "DELETE") {
+                if (!stored.erase(id)) throw response_not_found(id);
+                res.body = dump(ojson{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+            } else {
+                std::optional<stored_response> r = stored.get(id);
+                if (!r) throw response_not_found(id);
+                res.body = dump(r->response);
+            }
+        } catch (const api_error& e) {
+            return reply_error(res, e, "responses");
+        }
+        metrics.request_done("responses", 200);
+    }
+
+    // chat: /v1/chat/completions, or with `responses` /v1/responses (the same request path, its own wire format)
+    void handle_completion(const http_request& req, http_response& res, bool chat, bool responses = false) {
+        const char* endpoint = responses ? "responses" : chat ? "chat" : "completions";
         auto j0 = std::make_shared<job>();
         in_flight++;
         j0->in_flight = &in_flight;  // the request counts once, until its first job (kept by all) goes
@@ -344,14 +377,23 @@ struct server::state {
             check_auth(req);
             if (stopping) throw api_error(503, "the server is shutting down", "", "shutting_down");
             if (!ready) throw api_error(503, "the model is still loading; retry shortly", "", "model_loading");
-            completion_request r = chat ? parse_chat_request(req.body, defaults) : parse_completion_request(req.body, defaults);
+            std::optional<responses_request> rr;
+            if (responses) rr = parse_responses_request(req.body, defaults, stored);
+            completion_request r = responses ? std::move(rr->chat)
+                                   : chat    ? parse_chat_request(req.body, defaults)
+                                             : parse_completion_request(req.body, defaults);
             if (!r.model.empty() && !serves(r.model)) throw model_not_found(r.model);
             for (const auto& [id, bias] : r.logit_bias)
                 if (id >= te->eng().n_valid_tokens())
                     throw api_error(400, strprintf("logit_bias names token id %d, outside the vocabulary of %lld tokens",
                                                    id, (long long)te->eng().n_valid_tokens()), "logit_bias");
-            const response_meta meta{new_id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), opt.model_name};
+            const response_meta meta{new_id(responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-"), unix_now(), opt.model_name};
+            if (responses) {
+                const bool keep = rr->store;
+                j0->resp = std::make_shared<responses_writer>(std::move(*rr), meta, keep ? &stored : nullptr);
+            }
             const size_t n_prompts = chat ? 1 : r.prompts.size();
+            const char* prompt_param = responses ? "input" : chat ? "messages" : "prompt";
             // every prompt is built and checked before any is submitted
             std::vector<std::vector<int32_t>> prompts(n_prompts);
             std::vector<bool> thinking(n_prompts, false);
@@ -366,9 +408,9 @@ struct server::state {
                                               "%lld tokens (%lld in the %s, %lld in the completion). Please reduce the "
                                               "length of the %s or completion.",
                                               (long long)ctx, (long long)(P + std::max<int64_t>(r.max_tokens, 0)),
-                                              (long long)P, chat ? "messages" : "prompt",
-                                              (long long)std::max<int64_t>(r.max_tokens, 0), chat ? "messages" : "prompt"),
-                                    chat ? "messages" : "prompt", "context_length_exceeded");
+                                              (long long)P, prompt_param,
+                                              (long long)std::max<int64_t>(r.max_tokens, 0), prompt_param),
+                                    prompt_param, "context_length_exceeded");
             }
             for (size_t k = 0; k < n_prompts; k++) {
                 std::shared_ptr<job> j = k == 0 ? j0 : std::make_shared<job>();
@@ -516,6 +558,12 @@ struct server::state {
         return fr;
     }
 
+    // A step's content tokens in the Responses API's shape (an array; empty when logprobs were not asked for).
+    ojson responses_logprobs(const job& j, const text_delta& d) const {
+        if (j.logprobs < 0 || d.logprobs.empty()) return ojson::array();
+        return chat_logprobs(te->tok(), d.logprobs)["content"];
+    }
+
     // summed over the request's prompts, as OpenAI reports it
     static ojson usage_of(const std::vector<std::shared_ptr<job>>& jobs) {
         int64_t p = 0, c = 0, r = 0;
@@ -546,7 +594,8 @@ struct server::state {
             job& j = *jobs[k];
             std::string text;
             const bool alive = pump(j, [&](text_delta& d, bool) {
-                if (j.logprobs >= 0) j.lp_tokens.insert(j.lp_tokens.end(), d.logprobs.begin(), d.logprobs.end());
+                if (j.resp) j.resp->add(d.parsed, responses_logprobs(j, d));
+                else if (j.logprobs >= 0) j.lp_tokens.insert(j.lp_tokens.end(), d.logprobs.begin(), d.logprobs.end());
                 text += d.text;
                 return true;
             });
@@ -566,7 +615,10 @@ struct server::state {
             ojson lp = nullptr;
             if (j.logprobs >= 0)
                 lp = j.chat ? chat_logprobs(te->tok(), j.lp_tokens) : completion_logprobs(te->tok(), j.lp_tokens, 0);
-            if (j.chat) {
+            if (j.resp) {
+                res.body = dump(j.resp->finish(fr == "length", j.prompt_tokens, j.text->completion_tokens(),
+                                               j.text->reasoning_tokens()));
+            } else if (j.chat) {
                 res.body = dump(chat_response(j.meta, j.text->reasoning(), j.text->content(), j.text->tool_calls(),
                                               j.call_ids, fr, usage_of(jobs), lp));
             } else {
@@ -582,7 +634,10 @@ struct server::state {
 
     void run_stream(const std::vector<std::shared_ptr<job>>& jobs, const http_write_fn& write) {
         job& j0 = *jobs[0];
-        if (j0.chat && !write(sse(chat_chunk(j0.meta, {{"role", "assistant"}, {"content", ""}}, "", nullptr, j0.include_usage)))) {
+        const bool opened = j0.resp ? write(j0.resp->begin())
+                            : !j0.chat || write(sse(chat_chunk(j0.meta, {{"role", "assistant"}, {"content", ""}}, "", nullptr,
+                                                               j0.include_usage)));
+        if (!opened) {
             cancel_all(jobs, 0);
             metrics.disconnect();
             log_done(j0, 499, "client disconnected");
@@ -592,6 +647,10 @@ struct server::state {
         for (size_t k = 0; k < jobs.size(); k++) {
             job& j = *jobs[k];
             auto send_delta = [&](const text_delta& d) {
+                if (j.resp) {
+                    const std::string events = j.resp->add(d.parsed, responses_logprobs(j, d));
+                    return events.empty() || write(events);
+                }
                 ojson lp = nullptr;
                 if (j.logprobs >= 0 && !d.logprobs.empty()) {
                     lp = j.chat ? chat_logprobs(te->tok(), d.logprobs) : completion_logprobs(te->tok(), d.logprobs, j.text_offset);
@@ -620,20 +679,27 @@ struct server::state {
             if (fr.empty()) {
                 cancel_all(jobs, k + 1);
                 // the status line is long gone: the error travels as an event, as OpenAI's API does
-                write("data: " + error_body(err) + "\n\n");
-                write("data: [DONE]\n\n");
+                if (j.resp) {
+                    write(j.resp->failed(err));
+                } else {
+                    write("data: " + error_body(err) + "\n\n");
+                    write("data: [DONE]\n\n");
+                }
                 log_done(j0, err.status, err.what());
                 return;
             }
-            if (j.chat) {
+            if (j.resp) {
+                write(j.resp->finish_events(fr == "length", j.prompt_tokens, j.text->completion_tokens(),
+                                            j.text->reasoning_tokens()));
+            } else if (j.chat) {
                 write(sse(chat_chunk(j.meta, ojson::object(), fr, nullptr, j.include_usage)));
             } else {
                 write(sse(completion_chunk(j.meta, "", fr, nullptr, j.include_usage, j.index)));
             }
             if (k > 0) log_done(j, 200, fr);
             if (k + 1 == jobs.size()) {
-                if (j.include_usage) write(sse(usage_chunk(j.meta, j.chat, usage_of(jobs))));
-                write("data: [DONE]\n\n");
+                if (j.include_usage && !j.resp) write(sse(usage_chunk(j.meta, j.chat, usage_of(jobs))));
+                if (!j.resp) write("data: [DONE]\n\n");  // the Responses stream ends with response.completed
                 log_done(j0, 200, fr);
             }
         }

@@ -1,6 +1,7 @@
 // `tansy serve`: the OpenAI-compatible server. Owns the HTTP server, the text engine and the scheduler, and
 // the handlers that join them:
 //   POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/NAME]   GET /health   GET /metrics
+//   POST /v1/responses   GET|DELETE /v1/responses/{id}   (the Responses API on the chat path, server/responses.h)
 //   POST /tokenize   POST /detokenize   GET /props   (llama.cpp's shapes, server/tokenize_api.h)
 //   GET /   the chat page (server/webui.h; needs no API key; serve_options::webui turns it off)
 // The HTTP side listens before the model is loaded (/health answers 503 "loading" meanwhile). Each request is

@@ -3,6 +3,7 @@
 
 Each group starts its own server on a free loopback port with the embedded tiny model on the CPU backend:
     api       endpoints, streaming, reasoning, tools round trip, stop, JSON mode, logprobs, errors, auth, curl
+    responses /v1/responses: items, events, function-call round trip, previous_response_id, text.format, errors
     greedy    greedy output through the server equals `tansy run`'s
     load      32 concurrent streaming clients x 4 requests, 5 disconnecting mid-stream; memory back to idle
     lifecycle /health 503 while loading, graceful SIGTERM/SIGINT shutdown with requests in flight
@@ -584,6 +585,215 @@ def group_api():
     srv.check_clean_exit(srv.stop())
 
 
+# ---------------------------------------------------------------- group: responses
+
+RESPONSE_EVENTS = {
+    "response.created", "response.in_progress", "response.output_item.added", "response.output_item.done",
+    "response.content_part.added", "response.content_part.done", "response.output_text.delta",
+    "response.output_text.done", "response.reasoning_text.delta", "response.reasoning_text.done",
+    "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.completed",
+    "response.incomplete"}
+
+
+def collect_response_stream(stream):
+    """Reassembles a Responses stream: (final response, {item id: text/arguments from the deltas}, events)."""
+    events, texts, final = [], {}, None
+    for e in stream:
+        check(e.type in RESPONSE_EVENTS, f"unexpected event {e.type}: {e}")
+        check(type(e).__name__.endswith("Event"), f"the SDK did not parse {e.type}: {type(e)}")
+        check(e.sequence_number == len(events), (e.sequence_number, len(events)))
+        events.append(e)
+        if e.type in ("response.output_text.delta", "response.reasoning_text.delta",
+                      "response.function_call_arguments.delta"):
+            texts[e.item_id] = texts.get(e.item_id, "") + e.delta
+        if e.type in ("response.completed", "response.incomplete"):
+            final = e.response
+    check(final is not None and events[0].type == "response.created" and events[-1] is not None, "no final event")
+    check(events[-1].type in ("response.completed", "response.incomplete"), events[-1].type)
+    for e in events:  # every item's done text equals its deltas
+        if e.type == "response.output_item.done":
+            it = e.item
+            if it.type == "message":
+                check(it.content[0].text == texts.get(it.id, ""), (it.content[0].text, texts.get(it.id)))
+            elif it.type == "reasoning":
+                check(it.content[0].text == texts.get(it.id, ""), it)
+            elif it.type == "function_call":
+                check(it.arguments == texts.get(it.id, ""), (it.arguments, texts.get(it.id)))
+    return final, texts, events
+
+
+def flat_tools():
+    """demo_tools.json's chat-shaped tools in the Responses shape (flat)."""
+    return [{"type": "function", **t["function"]} for t in demo_tools()["tools"]]
+
+
+def group_responses():
+    srv = Server("--max-batch", "4", "--ctx-size", "4096")
+    cl = srv.client()
+    off = {"effort": "none"}  # thinking off: short, deterministic answers
+
+    def basic_and_stream():
+        r = cl.responses.create(model=MODEL, input="What is the capital of France?", reasoning=off, temperature=0,
+                                max_output_tokens=24)
+        check(r.object == "response" and r.id.startswith("resp_") and r.model == MODEL, r)
+        check(r.status in ("completed", "incomplete"), r.status)
+        check((r.status == "incomplete") == (r.incomplete_details is not None), r)
+        check(r.error is None and r.previous_response_id is None and r.store is True, r)
+        check([o.type for o in r.output] == ["message"], r.output)
+        m = r.output[0]
+        check(m.id.startswith("msg_") and m.role == "assistant" and m.content[0].type == "output_text", m)
+        check(r.output_text and r.output_text == m.content[0].text, r.output_text)
+        u = r.usage
+        check(u.input_tokens > 0 and 0 < u.output_tokens <= 24 and u.total_tokens == u.input_tokens + u.output_tokens, u)
+        check(u.output_tokens_details.reasoning_tokens == 0 and u.input_tokens_details.cached_tokens == 0, u)
+        check(r.max_output_tokens == 24 and r.temperature == 0 and r.tool_choice == "auto" and r.tools == [], r)
+        # streamed: the same text, as events the SDK knows, numbered in order
+        final, _, events = collect_response_stream(cl.responses.create(
+            model=MODEL, input="What is the capital of France?", reasoning=off, temperature=0, max_output_tokens=24,
+            stream=True))
+        check(final.output_text == r.output_text and final.status == r.status, (final.output_text, r.output_text))
+        check(final.usage.output_tokens == u.output_tokens, final.usage)
+        check(events[1].type == "response.in_progress" and events[0].response.status == "in_progress", events[:2])
+        # thinking on: a reasoning item first, then the answer
+        t = cl.responses.create(model=MODEL, input="Hello!", instructions="Answer briefly.", temperature=0,
+                                max_output_tokens=200)
+        check(t.output[0].type == "reasoning" and t.output[0].id.startswith("rs_"), t.output)
+        check(t.output[0].summary == [] and t.output[0].content[0].type == "reasoning_text" and t.output[0].content[0].text, t)
+        check(t.usage.output_tokens_details.reasoning_tokens > 0 and t.instructions == "Answer briefly.", t)
+        ts, _, _ = collect_response_stream(cl.responses.create(model=MODEL, input="Hello!", instructions="Answer briefly.",
+                                                               temperature=0, max_output_tokens=200, stream=True))
+        check([o.type for o in ts.output] == [o.type for o in t.output], (ts.output, t.output))
+        check(ts.output[0].content[0].text == t.output[0].content[0].text and ts.output_text == t.output_text, ts)
+
+    def tool_round_trip():
+        system = demo_tools()["system"]
+        kw = dict(model=MODEL, instructions=system, tools=flat_tools(), reasoning=off, temperature=0)
+        r = cl.responses.create(input=TOOL_PROMPT, tool_choice={"type": "function", "name": "get_docstring"},
+                                max_output_tokens=60, **kw)
+        calls = [o for o in r.output if o.type == "function_call"]
+        check(len(calls) == 1 and calls[0].name == "get_docstring", r.output)
+        fc = calls[0]
+        check(fc.call_id.startswith("call_") and fc.id.startswith("fc_") and fc.status == "completed", fc)
+        check(isinstance(json.loads(fc.arguments), dict), fc.arguments)
+        check(r.tools[0].name == "get_docstring" and r.tool_choice.name == "get_docstring", r)
+        out = {"type": "function_call_output", "call_id": fc.call_id,
+               "output": "heappush(heap, item): Push item onto heap, maintaining the heap invariant."}
+        # continued through previous_response_id (instructions are not carried over: given again)
+        r2 = cl.responses.create(previous_response_id=r.id, input=[out], max_output_tokens=40, **kw)
+        check(r2.previous_response_id == r.id and r2.status in ("completed", "incomplete"), r2)
+        check(r2.output and r2.usage.input_tokens > r.usage.input_tokens, (r2.output, r2.usage, r.usage))
+        # the same conversation sent whole gives the same answer
+        r3 = cl.responses.create(input=[{"role": "user", "content": TOOL_PROMPT}, fc.model_dump(exclude_none=True), out],
+                                 max_output_tokens=40, **kw)
+        check([o.type for o in r3.output] == [o.type for o in r2.output] and r3.output_text == r2.output_text,
+              (r3.output, r2.output))
+        check(r3.usage.input_tokens == r2.usage.input_tokens, (r3.usage, r2.usage))
+        # streamed call: arguments as deltas, the same call
+        s, texts, events = collect_response_stream(cl.responses.create(
+            input=TOOL_PROMPT, tool_choice="required", max_output_tokens=60, stream=True, **kw))
+        scalls = [o for o in s.output if o.type == "function_call"]
+        check(scalls and isinstance(json.loads(scalls[0].arguments), dict), s.output)
+        check(any(e.type == "response.function_call_arguments.done" for e in events), "no arguments.done")
+
+    def previous_response_and_store():
+        a = cl.responses.create(model=MODEL, input="My name is Ada.", reasoning=off, temperature=0, max_output_tokens=8)
+        b = cl.responses.create(model=MODEL, previous_response_id=a.id, input="What is my name?", reasoning=off,
+                                temperature=0, max_output_tokens=8)
+        check(b.previous_response_id == a.id and b.usage.input_tokens > a.usage.input_tokens + a.usage.output_tokens,
+              (a.usage, b.usage))
+        got = cl.responses.retrieve(a.id)
+        check(got.id == a.id and got.output_text == a.output_text and got.usage == a.usage, got)
+        # streamed responses are stored too
+        s, _, _ = collect_response_stream(cl.responses.create(model=MODEL, previous_response_id=b.id, input="Thanks",
+                                                              reasoning=off, temperature=0, max_output_tokens=8,
+                                                              stream=True))
+        check(cl.responses.retrieve(s.id).output_text == s.output_text, s)
+        n = cl.responses.create(model=MODEL, input="Hi", reasoning=off, max_output_tokens=4, store=False)
+        check(n.store is False, n)
+        for rid in (n.id, "resp_unknown"):
+            try:
+                cl.responses.retrieve(rid)
+                check(False, "retrieving an unstored response must fail")
+            except openai.NotFoundError as e:
+                check(rid in e.body["message"], e.body)
+        try:
+            cl.responses.create(model=MODEL, previous_response_id=n.id, input="Hi", max_output_tokens=4)
+            check(False, "an unstored previous_response_id must fail")
+        except openai.NotFoundError as e:
+            check(e.body["param"] == "previous_response_id" and n.id in e.body["message"], e.body)
+        cl.responses.delete(a.id)
+        try:
+            cl.responses.retrieve(a.id)
+            check(False, "deleted")
+        except openai.NotFoundError:
+            pass
+
+    def text_format():
+        r = cl.responses.create(model=MODEL, input="Describe a cat as a JSON object.", reasoning=off, temperature=0,
+                                max_output_tokens=120, text={"format": {"type": "json_object"}})
+        check(isinstance(json.loads(r.output_text), dict), r.output_text)
+        check(r.text.format.type == "json_object", r.text)
+        schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                  "additionalProperties": False}
+        s, _, _ = collect_response_stream(cl.responses.create(
+            model=MODEL, input="Give me a JSON object with a name.", reasoning=off, temperature=0,
+            max_output_tokens=120, stream=True,
+            text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}}))
+        check(isinstance(json.loads(s.output_text), dict), s.output_text)
+        check(s.text.format.type == "json_schema" and s.text.format.name == "person", s.text)
+
+    def errors():
+        def expect(status, param=None, code=None, body=None, method="POST", path="/v1/responses", auth=True):
+            st, _, data = srv.request(method, path, body=body, auth=auth)
+            check(st == status, f"{status} expected, got {st}: {data[:300]}")
+            e = json.loads(data)["error"]
+            check(set(e) >= {"message", "type", "param", "code"} and e["message"], e)
+            if param is not None:
+                check(e["param"] == param, e)
+            if code is not None:
+                check(e["code"] == code, e)
+
+        expect(400, "input[0].type", "unsupported_value", {"input": [{"type": "computer_call_output", "call_id": "x"}]})
+        expect(400, "input[0].content[1]", "unsupported_content",
+               {"input": [{"role": "user", "content": [{"type": "input_text", "text": "what is this?"},
+                                                       {"type": "input_image", "image_url": "https://x/y.png"}]}]})
+        expect(400, "tools[0].type", "unsupported_value", {"input": "hi", "tools": [{"type": "web_search"}]})
+        expect(400, "input", None, {})
+        expect(400, "max_output_tokens", None, {"input": "hi", "max_output_tokens": 0})
+        expect(404, "model", "model_not_found", {"input": "hi", "model": "gpt-9"})
+        expect(401, None, None, {"input": "hi"}, auth=False)
+        expect(404, None, None, None, "GET", "/v1/responses/resp_nope")
+        expect(404, None, None, None, "DELETE", "/v1/responses/resp_nope")
+        expect(404, None, "unknown_url", None, "GET", "/v1/responses/resp_nope/input_items")
+        try:
+            cl.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_1"}])
+            check(False, "item_reference must be refused")
+        except openai.BadRequestError as e:
+            check(e.body["param"] == "input[0].type", e.body)
+
+    def stream_disconnect_cancels():
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        c.request("POST", "/v1/responses", body=json.dumps({"input": "Write a long story.", "stream": True,
+                                                            "max_output_tokens": 3000}),
+                  headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
+        resp = c.getresponse()
+        check(resp.status == 200 and resp.getheader("content-type").startswith("text/event-stream"), resp.status)
+        head = resp.read(2000).decode(errors="replace")
+        check(head.startswith("event: response.created\ndata: "), head[:200])
+        c.close()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            m = srv.metrics()
+            if m["tansy_active_sequences"] == 0 and m["tansy_queue_depth"] == 0:
+                break
+            time.sleep(0.05)
+        check(m["tansy_active_sequences"] == 0, "the sequence of a disconnected Responses stream must be cancelled")
+
+    run_tests([basic_and_stream, tool_round_trip, previous_response_and_store, text_format, errors,
+               stream_disconnect_cancels])
+    srv.check_clean_exit(srv.stop())
+
+
 # ---------------------------------------------------------------- group: greedy
 
 def normalize(s):
@@ -875,10 +1085,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tansy", required=True)
     p.add_argument("--source-dir", required=True)
-    p.add_argument("--group", required=True, choices=["api", "greedy", "load", "lifecycle"])
+    p.add_argument("--group", required=True, choices=["api", "responses", "greedy", "load", "lifecycle"])
     ARGS = p.parse_args()
     t0 = time.time()
-    {"api": group_api, "greedy": group_greedy, "load": group_load, "lifecycle": group_lifecycle}[ARGS.group]()
+    {"api": group_api, "responses": group_responses, "greedy": group_greedy, "load": group_load, "lifecycle": group_lifecycle}[ARGS.group]()
     print(f"{ARGS.group}: {'FAILED ' + ', '.join(FAILURES) if FAILURES else 'all passed'} in {time.time() - t0:.1f} s")
     return 1 if FAILURES else 0
 

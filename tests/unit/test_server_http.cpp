@@ -129,6 +129,29 @@ TEST(server_http, routes_errors_and_streaming) {
     EXPECT_NE(r.find("0\r\n\r\n"), std::string::npos) << "the stream ends with the last chunk";
 }
 
+TEST(server_http, prefix_routes) {
+    REQUIRE_HTTP();
+    running_server s(small_opts());
+    s.srv.route("POST", "/items", [](const http_request&, http_response& res) { res.body = "created"; });
+    s.srv.route("GET", "/items/*", [](const http_request& r, http_response& res) { res.body = r.path; });
+    s.srv.route("GET", "/items/special", [](const http_request&, http_response& res) { res.body = "exact"; });
+    s.start();
+    const int port = s.srv.port();
+    auto get = [&](const std::string& method, const std::string& path) {
+        return roundtrip(port, method + " " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    };
+    EXPECT_EQ(body_of(get("GET", "/items/abc")), "/items/abc");
+    EXPECT_EQ(body_of(get("GET", "/items/abc?x=1")), "/items/abc");
+    EXPECT_EQ(body_of(get("GET", "/items/special")), "exact");  // an exact route wins
+    EXPECT_EQ(body_of(get("POST", "/items")), "created");
+    EXPECT_EQ(status_of(get("GET", "/items")), 405);       // "/items/*" needs something after the slash
+    EXPECT_EQ(status_of(get("GET", "/items/")), 404);
+    EXPECT_EQ(status_of(get("GET", "/itemsabc")), 404);
+    const std::string r = get("DELETE", "/items/abc");
+    EXPECT_EQ(status_of(r), 405);
+    EXPECT_NE(r.find("Allow: GET, OPTIONS"), std::string::npos) << r;
+}
+
 TEST(server_http, a_client_that_goes_away_is_noticed) {
     REQUIRE_HTTP();
     std::atomic<bool> saw_close{false}, write_failed{false};  // outlive the server and its workers
