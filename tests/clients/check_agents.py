@@ -13,7 +13,8 @@ client = AsyncOpenAI(base_url=BASE_URL, api_key=API_KEY, max_retries=0, timeout=
 set_default_openai_client(client, use_for_tracing=False)
 set_default_openai_api("responses")
 set_tracing_disabled(True)
-
+# one event loop for every case: the client's connection pool belongs to the loop that first used it
+LOOP = asyncio.new_event_loop()
 calls = []
 
 
@@ -41,7 +42,7 @@ def agent(**kw):
 @case
 def responses_tool_then_answer():
     calls.clear()
-    r = Runner.run_sync(agent(), TOOL_PROMPT, max_turns=4)
+    r = LOOP.run_until_complete(Runner.run(agent(), TOOL_PROMPT, max_turns=4))
     assert calls, "the tool was not called"
     assert isinstance(r.final_output, str), r.final_output
 
@@ -57,7 +58,7 @@ def responses_streamed():
             kinds.add(e.type)
         return r, kinds
 
-    r, kinds = asyncio.run(go())
+    r, kinds = LOOP.run_until_complete(go())
     assert calls, "the tool was not called"
     assert "raw_response_event" in kinds, kinds
     assert isinstance(r.final_output, str), r.final_output
@@ -66,7 +67,7 @@ def responses_streamed():
 @case
 def responses_tools_and_output_type():
     calls.clear()
-    r = Runner.run_sync(agent(output_type=Answer), TOOL_PROMPT, max_turns=4)
+    r = LOOP.run_until_complete(Runner.run(agent(output_type=Answer), TOOL_PROMPT, max_turns=4))
     assert calls, "the tool was not called"
     assert isinstance(r.final_output, Answer), r.final_output
 
@@ -76,7 +77,7 @@ def chat_model_tools_and_output_type():
     calls.clear()
     a = agent(output_type=Answer)
     a.model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
-    r = Runner.run_sync(a, TOOL_PROMPT, max_turns=4)
+    r = LOOP.run_until_complete(Runner.run(a, TOOL_PROMPT, max_turns=4))
     assert calls, "the tool was not called"
     assert isinstance(r.final_output, Answer), r.final_output
 
