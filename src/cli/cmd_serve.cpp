@@ -96,6 +96,8 @@ int cmd_serve(int argc, char** argv) {
                                            "                            OPTIONS preflights", "", true)
         .option("--shutdown-timeout", "S", "seconds running requests get to finish on shutdown (default 10)")
         .option("--no-webui", "", "no chat page at / (default: GET / answers a chat page for the browser)")
+        .option("--strict-api", "", "answer an unknown request field with a 400 naming it (default: ignore it with a\n"
+                                    "warning on stderr, once per field name)")
         .option("--quiet", "", "no progress bar and no per-request log lines", "-q");
     if (!p.parse(argc, argv)) return 0;
 
@@ -145,6 +147,7 @@ int cmd_serve(int argc, char** argv) {
     o.shutdown_grace_ms = (int)(grace * 1000);
     o.progress = o.log_requests = !p.has("--quiet");
     o.webui = !p.has("--no-webui");
+    o.strict_api = p.has("--strict-api");
 
     // Signals go to one thread that asks the server to stop (blocked everywhere else: every thread created
     // from here on inherits the mask). A write to a closed connection must fail, not kill the process.

@@ -383,6 +383,10 @@ struct server::state {
                                    : chat    ? parse_chat_request(req.body, defaults)
                                              : parse_completion_request(req.body, defaults);
             if (!r.model.empty() && !serves(r.model)) throw model_not_found(r.model);
+            if (opt.strict_api && !r.unknown_fields.empty())
+                throw api_error(400, "Unrecognized request argument supplied: " + r.unknown_fields[0].substr(0, 64) +
+                                         " (this server runs with --strict-api)",
+                                r.unknown_fields[0].substr(0, 64), "unknown_parameter");
             for (const auto& [id, bias] : r.logit_bias)
                 if (id >= te->eng().n_valid_tokens())
                     throw api_error(400, strprintf("logit_bias names token id %d, outside the vocabulary of %lld tokens",

@@ -34,6 +34,9 @@ struct serve_options {
     bool progress = true;    // progress bar on stderr while loading
     bool log_requests = true;
     bool webui = true;  // GET / answers the chat page (src/server/webui/index.html); off: 404
+    // An unknown request field is a 400 naming it (code unknown_parameter) instead of a warning on stderr: for
+    // client developers who want a misspelled field (max_token) to fail loudly.
+    bool strict_api = false;
 };
 
 class server {

@@ -132,5 +132,43 @@ TEST_F(served, requests_in_flight_are_counted) {
     EXPECT_EQ(srv_->in_flight(), 0);
 }
 
+// --strict-api: an unknown field is a 400 naming it, on every completion endpoint; documented no-ops still pass.
+TEST(served_strict, unknown_fields_are_refused) {
+    if (!http_available()) GTEST_SKIP() << "built without the HTTP server (no Asio headers)";
+    serve_options o;
+    o.engine.threads = 1;
+    o.synthetic.config = TINY_CONFIG;
+    o.synthetic.layers = 2;
+    o.http.port = 0;
+    o.sched.max_batch = 2;
+    o.ctx_size = 256;
+    o.progress = o.log_requests = false;
+    o.strict_api = true;
+    server srv(o);
+    srv.start();
+    srv.load();
+    const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}, {"temperature", 0}};
+    json typo = chat;
+    typo["max_token"] = 5;
+    const reply r = tansy::test::post_json(srv.port(), "/v1/chat/completions", typo.dump());
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(r.body["error"]["param"], "max_token");
+    EXPECT_EQ(r.body["error"]["code"], "unknown_parameter");
+    json noop = chat;
+    noop["user"] = "u-1";
+    noop["metadata"] = json::object();
+    EXPECT_EQ(tansy::test::post_json(srv.port(), "/v1/chat/completions", noop.dump()).status, 200);
+    const reply c = tansy::test::post_json(srv.port(), "/v1/completions",
+                                           json{{"prompt", "hi"}, {"max_tokens", 1}, {"frobnicate", true}}.dump());
+    EXPECT_EQ(c.status, 400);
+    EXPECT_EQ(c.body["error"]["param"], "frobnicate");
+    const reply x = tansy::test::post_json(srv.port(), "/v1/responses",
+                                           json{{"input", "hi"}, {"max_output_tokens", 2}, {"max_tokens", 2}}.dump());
+    EXPECT_EQ(x.status, 400);
+    EXPECT_EQ(x.body["error"]["param"], "max_tokens");
+    srv.request_stop();
+    srv.wait();
+}
+
 }  // namespace
 }  // namespace tansy
