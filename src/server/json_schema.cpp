@@ -341,6 +341,11 @@ void schema_program::finish() {
         }
         return n;
     };
+    for (size_t i = 0; i < N; i++)  // an alias becomes a copy of what it names (roots may be aliases too)
+        if (nodes_[i].alias >= 0) {
+            const int t = resolve((int)i);
+            nodes_[i] = nodes_[(size_t)t];
+        }
     for (schema_node& x : nodes_) {
         for (int& c : x.any_of) c = resolve(c);
         for (int& c : x.prop_nodes) c = resolve(c);
@@ -782,7 +787,7 @@ schema_state::result feed_alt(const ctx& x, schema_alt& a, char c) {
                 ob.st = 2;
                 return R::ok;
             }
-            bool extra = f.flags && f.count < k_max_key && c != '\\' && c != '"' && uc >= 0x20;
+            bool extra = f.flags && (f.u8_need > 0 || f.count < k_max_key) && c != '\\' && c != '"' && uc >= 0x20;
             if (extra && (f.u8_need > 0 || uc >= 0x80)) {
                 schema_frame t = f;
                 extra = utf8_step(t, uc);
@@ -877,15 +882,22 @@ size_t close_alt(const schema_program& p, const schema_alt& a, std::string* out)
             }
             case k_key: {  // the key, its value, then the object below (handled here)
                 const schema_frame& o = a.stack[i - 1];
+                auto rest = [&](size_t next) {
+                    size_t l = 0;
+                    close_obj(p, o, 4, next, &l, nullptr);
+                    return l;
+                };
                 size_t best = SIZE_MAX, best_cost = SIZE_MAX;
                 for (uint32_t k = f.lo; k < f.hi; k++) {
                     const size_t prop = (size_t)n.keys_prop[k];
                     if (!prop_ok(p, n, o.next, prop)) continue;
-                    const size_t cost = n.keys_sorted[k].size() - f.pos + p.node(n.prop_nodes[prop]).min_size;
+                    const size_t cost = n.keys_sorted[k].size() - f.pos + p.node(n.prop_nodes[prop]).min_size + rest(prop + 1);
                     if (cost < best_cost) best = k, best_cost = cost;
                 }
                 size_t next = o.next;
-                if (f.flags && (best == SIZE_MAX || f.u8_need + p.node(n.additional).min_size < best_cost)) {
+                // (a key spelling a listed one cannot end as an additional key)
+                if (f.flags && !(best != SIZE_MAX && lit_exact(f)) &&
+                    (best == SIZE_MAX || f.u8_need + p.node(n.additional).min_size + rest(next) < best_cost)) {
                     for (int k = 0; k < f.u8_need; k++) {
                         const char b = (char)(k == 0 ? f.u8_lo : 0x80);
                         put_str(&len, out, std::string_view(&b, 1));
