@@ -79,6 +79,7 @@ std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int6
     t->think_end = think_end;
     t->json_plain.assign((size_t)n_valid, 0);
     t->raw_plain.assign((size_t)n_valid, 0);
+    t->code_points.assign((size_t)n_valid, 0);
     for (int64_t i = 0; i < n_valid; i++) {
         const std::string& b = t->bytes[(size_t)i];
         if (b.empty() || !whole_utf8(b)) continue;
@@ -89,6 +90,9 @@ std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int6
         }
         t->json_plain[(size_t)i] = json;
         t->raw_plain[(size_t)i] = raw;
+        size_t cp = 0;
+        for (unsigned char c : b) cp += (c & 0xC0) != 0x80;
+        t->code_points[(size_t)i] = (uint16_t)std::min<size_t>(cp, UINT16_MAX);
     }
     return t;
 }
@@ -723,8 +727,16 @@ size_t content_state::closer(std::string* out) const {
 
 bool content_state::complete() const { return phase_ == ph_after || (phase_ == ph_json && js_.accepting()); }
 
-int content_state::plain_class() const {
-    if (phase_ == ph_json && js_.in_free_string()) return 1;
+int content_state::plain_class(int64_t* room) const {
+    *room = UINT32_MAX;
+    if (phase_ == ph_json) {
+        *room = js_.free_string_room();
+        return *room >= 0 ? 1 : 0;
+    }
+    if (phase_ == ph_jval) {  // no parser tag may be under way either
+        *room = js_.free_string_room();
+        return *room >= 0 && std::memchr(tail_, '<', tail_n_) == nullptr ? 3 : 0;
+    }
     if (phase_ == ph_sval && u8_need_ == 0 && m_ <= 1) {
         const content_spec::param& pr = tool().params[(size_t)param_];
         if (pr.min_len == 0 && pr.max_len == UINT32_MAX) return 2;
@@ -926,8 +938,8 @@ void schema_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
         content_state p = st_;
         first_ok[c] = p.feed((char)c);
     }
-    const int plain = near ? 0 : st_.plain_class();
-    const std::vector<uint8_t>& plain_ok = plain == 1 ? t.json_plain : t.raw_plain;
+    int64_t room = 0;
+    const int plain = near ? 0 : st_.plain_class(&room);
     for (int64_t i = 0; i < n; i++) {
         if (logits[i] == k_neg_inf) continue;
         const std::string& b = t.bytes[(size_t)i];
@@ -939,7 +951,8 @@ void schema_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
         } else if (closing) {
             content_state next = st_;
             ok = b.size() <= closer.size() && closer.compare(0, b.size(), b) == 0 && next.feed(b);
-        } else if (plain && plain_ok[(size_t)i]) {
+        } else if (plain && (!(plain & 1) || t.json_plain[(size_t)i]) && (!(plain & 2) || t.raw_plain[(size_t)i]) &&
+                   t.code_points[(size_t)i] <= room) {
             ok = true;
         } else {
             content_state next = st_;

@@ -35,6 +35,7 @@ struct token_table {
     std::vector<uint8_t> json_plain;
     // per id: the text can sit inside a raw tool-call string value anywhere (no '<'; whole UTF-8 characters)
     std::vector<uint8_t> raw_plain;
+    std::vector<uint16_t> code_points;  // per id: UTF-8 characters in its text
     static std::shared_ptr<const token_table> build(const tokenizer& tok, int64_t n_valid, std::vector<int32_t> eos,
                                                     int32_t think_end);
 };
@@ -150,8 +151,9 @@ class content_state {
     bool complete() const;  // the end of the turn may come now
     bool free() const { return phase_ == ph_free; }
     size_t closer(std::string* out) const;  // the shortest completion ("" when complete)
-    // a plain-text token (see token_table) is fine here whatever its bytes: 1 JSON string, 2 raw value
-    int plain_class() const;
+    // Which plain-text tokens (see token_table) are fine here whatever their bytes: 0 none, 1 json_plain,
+    // 2 raw_plain, 3 both (a JSON string inside a tool parameter); *room: at most this many code points.
+    int plain_class(int64_t* room) const;
 
   private:
     enum : uint8_t { ph_start, ph_lit, ph_name, ph_params, ph_pname, ph_sval, ph_senum, ph_jval, ph_after, ph_json,
@@ -187,6 +189,7 @@ class schema_constraint final : public token_constraint {
     void mask(float* logits, int64_t n_valid, int64_t tokens_left) override;
     void accept(int32_t id) override;
     const content_state& state() const { return st_; }
+    void set_state(const content_state& s) { st_ = s, reasoning_ = false; }  // for tests and benchmarks
 
   private:
     std::shared_ptr<const token_table> t_;

@@ -997,12 +997,12 @@ size_t schema_state::closer(std::string* out) const {
     return best;
 }
 
-bool schema_state::in_free_string() const {
-    if (alts_.size() != 1 || alts_[0].stack.empty()) return false;
+int64_t schema_state::free_string_room() const {
+    if (alts_.size() != 1 || alts_[0].stack.empty()) return -1;
     const schema_frame& f = alts_[0].stack.back();
-    if (f.kind != k_str || f.esc != 0 || f.u8_need != 0) return false;
+    if (f.kind != k_str || f.esc != 0 || f.u8_need != 0) return -1;
     const schema_node& n = p_->node(f.node);
-    return n.max_len == UINT32_MAX && n.min_len == 0;
+    return n.max_len == UINT32_MAX ? (int64_t)UINT32_MAX : (int64_t)n.max_len - (int64_t)f.count;
 }
 
 }  // namespace tansy

@@ -135,10 +135,10 @@ class schema_state {
     // The shortest text completing the value (appended to *out when given); its length.
     size_t closer(std::string* out) const;
     bool started() const { return started_; }
-    // true when every continuation that does not leave a plain string is fine: a single alternative inside a
-    // string without length limits or enum, after a complete character (tokens of plain string text pass
-    // without a walk)
-    bool in_free_string() const;
+    // Inside a string (a single alternative, after a complete character, no escape pending): how many more code
+    // points of plain string text may come (UINT32_MAX: any); -1 when not in such a string. Tokens of plain text
+    // that fit pass without a walk.
+    int64_t free_string_room() const;
 
   private:
     const schema_program* p_ = nullptr;
