@@ -21,9 +21,13 @@ bool is_hex(char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' 
 
 bool is_eos(const token_table& t, int32_t id) { return std::find(t.eos.begin(), t.eos.end(), id) != t.eos.end(); }
 
-// During reasoning: nothing is constrained until the tokens left fall to the reserve; then </think> comes.
+// During reasoning: nothing is constrained until the tokens left fall to the reserve; then </think> comes. The
+// turn may not end inside the reasoning (the constrained answer must come).
 void mask_reasoning(const token_table& t, float* logits, int64_t n, int64_t tokens_left, int64_t reserve) {
-    if (t.think_end < 0 || t.think_end >= n || tokens_left > reserve) return;
+    if (t.think_end < 0 || t.think_end >= n) return;
+    for (int32_t e : t.eos)
+        if (e >= 0 && e < n) logits[e] = k_neg_inf;
+    if (tokens_left > reserve) return;
     for (int64_t i = 0; i < n; i++)
         if (i != t.think_end) logits[i] = k_neg_inf;
 }
