@@ -937,20 +937,39 @@ void schema_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
     const bool closing = clen != SIZE_MAX && tokens_left <= (int64_t)clen;
     const bool near = clen != SIZE_MAX && tokens_left <= (int64_t)clen + 16;
     std::vector<float> saved(logits, logits + n);
+    // Most tokens fail on their first or second byte: a table look-up each, filled once per step (the second
+    // byte's row only for first bytes that fit), instead of a walk per token
     bool first_ok[256];
+    std::vector<content_state> after_first;
+    after_first.reserve(256);
     for (int c = 0; c < 256; c++) {
-        content_state p = st_;
-        first_ok[c] = p.feed((char)c);
+        after_first.push_back(st_);
+        first_ok[c] = after_first.back().feed((char)c);
     }
+    std::vector<int8_t> second_ok(256 * 256, -1);
+    auto pair_ok = [&](unsigned char a, unsigned char b) {
+        int8_t& v = second_ok[(size_t)a * 256 + b];
+        if (v < 0) {
+            for (int c = 0; c < 256; c++) {
+                content_state p = after_first[a];
+                second_ok[(size_t)a * 256 + (size_t)c] = p.feed((char)c);
+            }
+        }
+        return v == 1;
+    };
+    // Plain-text tokens inside a string need no walk; near the end too inside JSON strings, whose closer such a
+    // token never lengthens (a raw value's may grow by one: walked there)
     int64_t room = 0;
-    const int plain = near ? 0 : st_.plain_class(&room);
+    int plain = st_.plain_class(&room);
+    if (near && (plain == 2 || (int64_t)clen > tokens_left - 1)) plain = 0;
     for (int64_t i = 0; i < n; i++) {
         if (logits[i] == k_neg_inf) continue;
         const std::string& b = t.bytes[(size_t)i];
         bool ok;
         if (is_eos(t, (int32_t)i)) {
             ok = complete;
-        } else if (t.special[(size_t)i] || b.empty() || !first_ok[(unsigned char)b[0]]) {
+        } else if (t.special[(size_t)i] || b.empty() || !first_ok[(unsigned char)b[0]] ||
+                   (b.size() >= 2 && !closing && !plain && !pair_ok((unsigned char)b[0], (unsigned char)b[1]))) {
             ok = false;
         } else if (closing) {
             content_state next = st_;

@@ -417,6 +417,8 @@ void mask_costs(std::shared_ptr<const token_table> t) {
         "required": ["answer", "n", "items"]})");
     auto spec = build_content_spec(&s, false, nullptr, "", false, true);
     auto tools = build_content_spec(&s, false, demo_tools(), "", true, true);
+    const ojson any_object = {{"type", "object"}, {"additionalProperties", true}};
+    auto free_keys = build_content_spec(&any_object, false, demo_tools(), "", true, true);
     struct probe {
         const char* name;
         std::shared_ptr<const content_spec> spec;
@@ -427,6 +429,7 @@ void mask_costs(std::shared_ptr<const token_table> t) {
         {"start", spec, "", 1000},
         {"start+tools", tools, "", 1000},
         {"key", spec, "{\"", 1000},
+        {"additional key", free_keys, "{\"ab", 1000},
         {"free string", spec, "{\"answer\": \"Hello wor", 1000},
         {"free string near", spec, "{\"answer\": \"Hello wor", 30},
         {"number", spec, "{\"answer\": \"\", \"n\": 12", 1000},
