@@ -98,6 +98,9 @@ ojson convert_value(const std::string& v, const std::string& type) {
 
 }  // namespace
 
+std::string tool_param_type(const ojson& prop) { return schema_type(prop); }
+bool tool_param_is_string(const std::string& type) { return is_string_type(type); }
+
 output_parser::output_parser(output_parser_options opt) : opt_(std::move(opt)) {
     state_ = opt_.reasoning ? state::reasoning : state::content_start;
     if (opt_.tool_schemas.is_array()) {

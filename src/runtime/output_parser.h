@@ -53,6 +53,11 @@ struct parsed_tool_call {
     bool complete = false;  // false: the output ended inside the call
 };
 
+// The type the parser reads a tool parameter as, from its property schema: "type" (lowercased), or the first
+// non-null of a list; "" without one. Values of string types (see tool_param_is_string) stay raw text.
+std::string tool_param_type(const nlohmann::ordered_json& prop);
+bool tool_param_is_string(const std::string& type);
+
 class output_parser {
   public:
     explicit output_parser(output_parser_options opt = {});

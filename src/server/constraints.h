@@ -6,14 +6,21 @@
 //                            parseable JSON. Once closed, only an end-of-turn id may follow.
 //   prefix_constraint        tool_choice required / named: after </think>, the content must start with one
 //                            of some strings ("<tool_call>\n<function=NAME>\n"), then the model is free.
-// With thinking on, both let the reasoning run free, but force </think> when the tokens left fall to a
+//   schema_constraint        response_format json_schema, and tool calls whose parameters follow the tool's schema
+//                            (tool_choice required / named, or auto together with a response_format): the content
+//                            is what a content_spec allows (a JSON document of a schema, or tool calls, or either).
+//                            See json_schema.h for the schema subset and content_spec below for the call format.
+// With thinking on, all let the reasoning run free, but force </think> when the tokens left fall to a
 // reserve, so that the constrained part always gets room.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/scheduler.h"
+#include "server/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tansy {
@@ -24,6 +31,11 @@ struct token_table {
     std::vector<bool> special;
     std::vector<int32_t> eos;        // end-of-turn ids (allowed once the constrained text is complete)
     int32_t think_end = -1;
+    // per id: the text can sit inside a JSON string anywhere (no '"', '\\', control bytes; whole UTF-8 characters)
+    std::vector<uint8_t> json_plain;
+    // per id: the text can sit inside a raw tool-call string value anywhere (no '<'; whole UTF-8 characters)
+    std::vector<uint8_t> raw_plain;
+    std::vector<uint16_t> code_points;  // per id: UTF-8 characters in its text
     static std::shared_ptr<const token_table> build(const tokenizer& tok, int64_t n_valid, std::vector<int32_t> eos,
                                                     int32_t think_end);
 };
@@ -86,6 +98,105 @@ class prefix_constraint final : public token_constraint {
     int64_t reserve_;
     std::vector<std::string> alts_;
     std::string so_far_;
+    bool done_ = false;
+};
+
+// What the content after reasoning may be: a JSON document of schema node json_root, and / or tool calls in the
+// Qwen XML format the output parser reads, each parameter in the order the tool lists them, required ones forced:
+//   <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+// VALUE is raw text for parameters the parser reads as strings (it may not contain a parser tag:
+// <parameter=, </parameter>, </function>, </tool_call>), else compact-or-spaced JSON of the parameter's schema,
+// restricted to what the parser converts back (integer|null for "integer", number|null for "number",
+// boolean|null for "boolean"). Only listed parameters are written. After a call: the end of the turn, or with
+// parallel calls "\n" and another call (at most 8).
+struct content_spec {
+    struct param {
+        std::string name;
+        bool required = false, raw = false, ok = true;  // raw: a string parameter; ok: it can be written at all
+        int node = 0;                                    // JSON parameters: the schema node
+        std::vector<std::string> raw_enum;               // raw: allowed values + "\n</parameter>\n", sorted
+        bool has_enum = false;
+        uint32_t min_len = 0, max_len = UINT32_MAX;
+        std::string min_value;                           // the shortest value text
+    };
+    struct tool {
+        std::string name;
+        bool free = false;  // its schema is outside the subset: after the header the model is free
+        std::vector<param> params;
+        std::vector<std::string> pnames_sorted;  // "P>\n"
+        std::vector<int> pnames_param;
+    };
+    std::shared_ptr<schema_program> prog;
+    int json_root = -1;
+    std::vector<tool> tools;
+    std::vector<std::string> names_sorted;  // "NAME>\n"
+    std::vector<int> names_tool;
+    bool parallel = true;
+};
+
+// Builds the spec. json: response_format's schema (nullptr: none; an "object" schema for json_object);
+// tools: the OpenAI tools array, only: the one allowed ("" for any); a tool whose parameters cannot be compiled
+// is free (not constrained) unless its function has strict true (then schema_error). Throws schema_error, whose
+// message starts with "tools[i] " for a tool's schema.
+std::shared_ptr<const content_spec> build_content_spec(const nlohmann::ordered_json* json, bool json_strict,
+                                                       const nlohmann::ordered_json& tools, const std::string& only,
+                                                       bool with_tools, bool parallel);
+
+// The recogniser of a content_spec (like json_prefix: feed bytes, cheap to copy).
+class content_state {
+  public:
+    explicit content_state(const content_spec* s);
+    bool feed(char c);
+    bool feed(std::string_view s);
+    bool complete() const;  // the end of the turn may come now
+    bool free() const { return phase_ == ph_free; }
+    size_t closer(std::string* out) const;  // the shortest completion ("" when complete)
+    // Which plain-text tokens (see token_table) are fine here whatever their bytes: 0 none, 1 json_plain,
+    // 2 raw_plain, 3 both (a JSON string inside a tool parameter); *room: at most this many code points.
+    int plain_class(int64_t* room) const;
+
+  private:
+    enum : uint8_t { ph_start, ph_lit, ph_name, ph_params, ph_pname, ph_sval, ph_senum, ph_jval, ph_after, ph_json,
+                     ph_free };
+    bool feed_lit(char c);
+    bool begin_value();
+    size_t tool_rest(size_t next, std::string* out) const;
+    size_t param_rest(size_t p, std::string* out) const;
+    size_t lit_rest(std::string* out) const;
+    size_t phase_rest(uint8_t ph, std::string* out) const;
+    const content_spec::tool& tool() const { return s_->tools[(size_t)tool_]; }
+
+    const content_spec* s_;
+    uint8_t phase_ = ph_start, lit_next_ = 0, ws_ = 0, calls_ = 0;
+    const std::string* lit_ = nullptr;
+    const std::vector<std::string>* texts_ = nullptr;  // name / pname / senum / params range
+    uint32_t lo_ = 0, hi_ = 0;
+    uint16_t pos_ = 0;
+    int16_t tool_ = -1, param_ = -1;
+    uint16_t next_ = 0;
+    // raw value: the last bytes (to spot tags), code points, UTF-8 state
+    char tail_[16] = {};
+    uint8_t tail_n_ = 0, m_ = 0, u8_need_ = 0, u8_lo_ = 0x80, u8_hi_ = 0xBF;
+    uint32_t chars_ = 0;
+    schema_state js_;
+};
+
+class schema_constraint final : public token_constraint {
+  public:
+    schema_constraint(std::shared_ptr<const token_table> t, bool thinking, int64_t reasoning_reserve,
+                      std::shared_ptr<const content_spec> spec);
+    bool active() const override { return !done_ && !st_.free(); }
+    void mask(float* logits, int64_t n_valid, int64_t tokens_left) override;
+    void accept(int32_t id) override;
+    const content_state& state() const { return st_; }
+    void set_state(const content_state& s) { st_ = s, reasoning_ = false; }  // for tests and benchmarks
+
+  private:
+    std::shared_ptr<const token_table> t_;
+    bool reasoning_;
+    int64_t reserve_;
+    std::shared_ptr<const content_spec> spec_;
+    content_state st_;
     bool done_ = false;
 };
 

@@ -122,7 +122,8 @@ constexpr const char* k_common_fields[] = {
 constexpr const char* k_chat_fields[] = {
     "messages", "tools", "tool_choice", "functions", "function_call", "response_format", "chat_template_kwargs",
     "reasoning_effort", "top_logprobs", "max_completion_tokens", "modalities", "audio", "web_search_options",
-    // no-ops: parallel_tool_calls (not enforced: the model may emit several calls either way), prediction
+    // parallel_tool_calls: enforced only where tool calls are constrained (tool_choice required / named, or auto
+    // with a response_format); no-op: prediction
     // (predicted outputs only speed up generation elsewhere; the output is the same)
     "parallel_tool_calls", "prediction"};
 constexpr const char* k_completion_fields[] = {"prompt", "echo", "suffix"};
@@ -405,7 +406,20 @@ completion_request parse_chat_request(const std::string& body, const sampling_pa
         const ojson* type = field(*rf, "type");
         const std::string t = type && type->is_string() ? type->get<std::string>() : "";
         if (t == "json_object" || t == "json_schema") r.json_mode = true;
-        else if (t != "text") bad("response_format", "response_format.type must be \"text\", \"json_object\" or \"json_schema\"");
+        if (t == "json_schema") {
+            const ojson* js = field(*rf, "json_schema");
+            if (!js || !js->is_object())
+                bad("response_format", "response_format.json_schema must be an object {\"name\", \"schema\", \"strict\"}");
+            if (const ojson* sc = field(*js, "schema")) {
+                if (!sc->is_object() && !sc->is_boolean())
+                    bad("response_format", "response_format.json_schema.schema must be a JSON Schema object");
+                r.json_schema = *sc;
+            }
+            if (const ojson* st = field(*js, "strict")) {
+                if (!st->is_boolean() && !st->is_null()) bad("response_format", "response_format.json_schema.strict must be a boolean");
+                r.json_schema_strict = st->is_boolean() && st->get<bool>();
+            }
+        } else if (t != "text" && t != "json_object") bad("response_format", "response_format.type must be \"text\", \"json_object\" or \"json_schema\"");
     }
     if (const ojson* k = field(j, "chat_template_kwargs")) {
         if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
@@ -429,8 +443,10 @@ completion_request parse_chat_request(const std::string& body, const sampling_pa
     }
     if (field(j, "audio")) bad("audio", "audio output is not supported", "unsupported_value");
     if (field(j, "web_search_options")) bad("web_search_options", "web search is not supported", "unsupported_value");
-    if (const ojson* p = field(j, "parallel_tool_calls"); p && !p->is_boolean())
-        bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    if (const ojson* p = field(j, "parallel_tool_calls")) {
+        if (!p->is_boolean()) bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+        r.parallel_tool_calls = p->get<bool>();
+    }
     if (boolean(j, "allow_special_tokens", false))
         bad("allow_special_tokens", "'allow_special_tokens' is only for /v1/completions: in chat requests only the "
                                     "chat template writes special tokens", "unsupported_value");

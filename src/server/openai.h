@@ -43,7 +43,11 @@ struct completion_request {
     bool thinking = true;    // the rendered prompt opens <think> (enable_thinking not false)
     tool_choice_mode tool_choice = tool_choice_mode::automatic;
     std::string tool_name;   // tool_choice named
-    bool json_mode = false;  // response_format json_object / json_schema (syntax only)
+    bool json_mode = false;  // response_format json_object / json_schema
+    // response_format json_schema: its "schema" (null for json_object, or json_schema without one) and "strict"
+    ojson json_schema;
+    bool json_schema_strict = false;
+    bool parallel_tool_calls = true;  // false: at most one tool call
     // completions
     std::string prompt_text;
     std::vector<int32_t> prompt_ids;  // a prompt given as token ids

@@ -324,23 +324,34 @@ struct server::state {
     std::unique_ptr<token_constraint> make_constraint(const completion_request& r, bool thinking, int64_t max_tokens) {
         if (!r.chat) return nullptr;
         const int64_t reserve = std::clamp<int64_t>(max_tokens / 3, 8, 1024);
-        if (r.tool_choice == tool_choice_mode::required || r.tool_choice == tool_choice_mode::named) {
-            std::vector<std::string> alts;
-            for (const ojson& t : r.tools) {
-                const std::string name = t["function"]["name"].get<std::string>();
-                if (r.tool_choice == tool_choice_mode::named && name != r.tool_name) continue;
-                const std::string p = "<tool_call>\n<function=" + name + ">\n";
-                for (const char* lead : {"", "\n", "\n\n"}) alts.push_back(lead + p);
+        const bool forced = r.tool_choice == tool_choice_mode::required || r.tool_choice == tool_choice_mode::named;
+        const bool has_tools = r.tools.is_array() && !r.tools.empty() && r.tool_choice != tool_choice_mode::none;
+        // tool calls constrained by their schemas: when forced, or offered next to a response_format (issue 36);
+        // a response_format with tool_choice required / named applies to a later turn
+        const bool tools = forced || (has_tools && r.json_mode);
+        const bool json = r.json_mode && !forced;
+        if (!tools && !json) {
+            if (r.tool_choice == tool_choice_mode::none) {
+                const int32_t open = te->tok().find("<tool_call>");
+                if (open >= 0) return std::make_unique<ban_constraint>(std::vector<int32_t>{open});
             }
-            return std::make_unique<prefix_constraint>(tokens, thinking, reserve, std::move(alts));
+            return nullptr;
         }
-        if (r.json_mode) return std::make_unique<json_object_constraint>(tokens, thinking, reserve);
-        if (r.tool_choice == tool_choice_mode::none) {
-            // (JSON mode above already keeps the content free of tags)
-            const int32_t open = te->tok().find("<tool_call>");
-            if (open >= 0) return std::make_unique<ban_constraint>(std::vector<int32_t>{open});
+        if (json && !tools && r.json_schema.is_null())
+            return std::make_unique<json_object_constraint>(tokens, thinking, reserve);
+        static const ojson k_any_object = {{"type", "object"}, {"additionalProperties", true}};
+        const ojson* schema = !json ? nullptr : r.json_schema.is_null() ? &k_any_object : &r.json_schema;
+        std::shared_ptr<const content_spec> spec;
+        try {
+            spec = build_content_spec(schema, r.json_schema_strict, r.tools,
+                                      r.tool_choice == tool_choice_mode::named ? r.tool_name : "", tools,
+                                      r.parallel_tool_calls);
+        } catch (const schema_error& e) {
+            const std::string msg = e.what();
+            const bool tool = msg.rfind("tools[", 0) == 0;
+            throw api_error(400, tool ? msg : "response_format.json_schema: " + msg, tool ? "tools" : "response_format");
         }
-        return nullptr;
+        return std::make_unique<schema_constraint>(tokens, thinking, reserve, std::move(spec));
     }
 
     // GET /v1/responses/{id}: a stored response; DELETE: forgets it.

@@ -950,6 +950,133 @@ def group_load():
     srv.check_clean_exit(srv.stop())
 
 
+# ---------------------------------------------------------------- group: schema
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 30},
+    "age": {"type": "integer"},
+    "pet": {"enum": ["cat", "dog", None]},
+    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    "home": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/place"}]}},
+    "required": ["name", "age", "tags"], "additionalProperties": False,
+    "$defs": {"place": {"type": "object", "properties": {"city": {"type": "string"}, "lat": {"type": "number"}},
+                        "required": ["city"]}}}
+
+SCHEMA_TOOL = {"type": "function", "function": {"name": "book", "description": "Book a table.", "parameters": {
+    "type": "object", "properties": {
+        "restaurant": {"type": "string", "minLength": 1},
+        "people": {"type": "integer"},
+        "outside": {"type": "boolean"},
+        "when": {"type": "object", "properties": {"day": {"enum": ["mon", "tue"]}, "hour": {"type": "integer"}},
+                 "required": ["day"]},
+        "notes": {"type": ["string", "null"]}},
+    "required": ["restaurant", "people", "when"]}}}
+
+
+def group_schema():
+    import concurrent.futures
+    import jsonschema
+    srv = Server("--max-batch", "16", "--ctx-size", "4096")
+    cl = srv.client()
+    pool = concurrent.futures.ThreadPoolExecutor(16)
+
+    def sampled(k, **kw):
+        """Run k: temperature 1, its own seed, thinking off for half the runs (a short reasoning for the rest)."""
+        return cl.chat.completions.create(model=MODEL, temperature=1, seed=1000 + k,
+                                          extra_body={"chat_template_kwargs": {"enable_thinking": k % 2 == 1}}, **kw)
+
+    def json_schema_50_runs():
+        def one(k):
+            r = sampled(k, messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=120,
+                        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA,
+                                                                                "strict": True}})
+            c = r.choices[0]
+            if c.finish_reason == "length":
+                return "length"
+            jsonschema.validate(json.loads(c.message.content), SCHEMA)
+            return c.finish_reason
+        results = list(pool.map(one, range(50)))
+        print("  json_schema finish reasons:", {x: results.count(x) for x in set(results)})
+        check(results.count("stop") >= 10, results)
+
+    def named_tool_50_runs():
+        # a short prompt (the demo system prompt would make prefill the cost of this test)
+        msgs, tools = [{"role": "user", "content": "Book a table for two at Luigi's on Monday."}], [SCHEMA_TOOL]
+
+        def one(k):
+            r = sampled(k, messages=msgs, tools=tools, max_tokens=128,
+                        tool_choice={"type": "function", "function": {"name": "book"}},
+                        parallel_tool_calls=k % 4 != 0)
+            c = r.choices[0]
+            if c.finish_reason == "length":
+                return "length"
+            calls = c.message.tool_calls or []
+            check(len(calls) >= 1 and all(t.function.name == "book" for t in calls), c.message)
+            check(k % 4 != 0 or len(calls) == 1, "parallel_tool_calls false: one call")
+            for t in calls:
+                jsonschema.validate(json.loads(t.function.arguments), SCHEMA_TOOL["function"]["parameters"])
+            return c.finish_reason
+        results = list(pool.map(one, range(50)))
+        print("  named tool finish reasons:", {x: results.count(x) for x in set(results)})
+        check(results.count("tool_calls") >= 10, results)
+
+    def tools_with_response_format():
+        msgs, tools = tool_messages()
+        schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+        rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+        # tool_choice auto: a tool call (pushed by logit_bias on the <tool_call> token) or the JSON
+        tok = srv.request("POST", "/tokenize", {"content": "<tool_call>", "parse_special": True})
+        ids = json.loads(tok[2])["tokens"] if tok[0] == 200 else []
+        kinds = set()
+        for k in range(6):
+            bias = {str(ids[0]): 100} if ids and k < 3 else {}
+            r = cl.chat.completions.create(model=MODEL, messages=msgs, tools=tools, response_format=rf, seed=k,
+                                           temperature=1, max_tokens=80, logit_bias=bias,
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+            c = r.choices[0]
+            if c.finish_reason == "length":
+                continue
+            if c.message.tool_calls:
+                kinds.add("tool")
+                for t in c.message.tool_calls:
+                    params = next(x["function"]["parameters"] for x in tools if x["function"]["name"] == t.function.name)
+                    jsonschema.validate(json.loads(t.function.arguments), params)
+            else:
+                kinds.add("json")
+                jsonschema.validate(json.loads(c.message.content), schema)
+        check("tool" in kinds, kinds)
+        # tool_choice none: JSON only
+        r = cl.chat.completions.create(model=MODEL, messages=msgs, tools=tools, response_format=rf, tool_choice="none",
+                                       seed=1, temperature=1, max_tokens=80,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        c = r.choices[0]
+        check(not c.message.tool_calls, c.message)
+        if c.finish_reason != "length":
+            jsonschema.validate(json.loads(c.message.content), schema)
+        # tool_choice required with a format: a tool call
+        r = cl.chat.completions.create(model=MODEL, messages=msgs, tools=tools, response_format=rf, tool_choice="required",
+                                       seed=2, temperature=1, max_tokens=120,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        c = r.choices[0]
+        check(c.finish_reason == "length" or c.message.tool_calls, c.message)
+
+    def bad_schemas_are_400():
+        deep = {"type": "integer"}
+        for _ in range(40):
+            deep = {"type": "array", "items": deep}
+        for schema, needle in ((deep, "deeper"), ({"type": "string", "pattern": "^a"}, "pattern"),
+                               ({"$ref": "#/$defs/nope"}, "resolve"), ({"type": "strin"}, "unknown type")):
+            s, _, body = srv.request("POST", "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}})
+            e = json.loads(body)["error"]
+            check(s == 400 and e["param"] == "response_format" and needle in e["message"], (s, body))
+
+    run_tests([bad_schemas_are_400, json_schema_50_runs, named_tool_50_runs, tools_with_response_format])
+    pool.shutdown()
+    srv.check_clean_exit(srv.stop())
+
+
 # ---------------------------------------------------------------- group: lifecycle
 
 def group_lifecycle():
@@ -1085,10 +1212,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tansy", required=True)
     p.add_argument("--source-dir", required=True)
-    p.add_argument("--group", required=True, choices=["api", "responses", "greedy", "load", "lifecycle"])
+    groups = {"api": group_api, "responses": group_responses, "schema": group_schema, "greedy": group_greedy,
+              "load": group_load, "lifecycle": group_lifecycle}
+    p.add_argument("--group", required=True, choices=list(groups))
     ARGS = p.parse_args()
     t0 = time.time()
-    {"api": group_api, "responses": group_responses, "greedy": group_greedy, "load": group_load, "lifecycle": group_lifecycle}[ARGS.group]()
+    groups[ARGS.group]()
     print(f"{ARGS.group}: {'FAILED ' + ', '.join(FAILURES) if FAILURES else 'all passed'} in {time.time() - t0:.1f} s")
     return 1 if FAILURES else 0
 

@@ -1,0 +1,1010 @@
+#include "server/json_schema.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tansy {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr int k_max_schema_depth = 32;
+constexpr size_t k_max_nodes = 2048;
+constexpr size_t k_max_enum = 4096;
+constexpr size_t k_max_enum_bytes = size_t(1) << 20;
+constexpr size_t k_max_props = 256;
+constexpr size_t k_max_branches = 64;
+constexpr size_t k_max_min_size = 4096;
+constexpr size_t k_max_alts = 16;
+constexpr uint8_t k_max_ws = 24;
+constexpr uint32_t k_max_key = 256;
+constexpr uint32_t k_max_digits = 15;
+constexpr size_t k_max_frames = k_max_nesting + 2;
+
+enum : uint8_t { k_value, k_obj, k_arr, k_str, k_num, k_lit, k_key };
+// obj st: 0 after '{', 1 after ',', 2 after a key, 3 in a value, 4 after a value
+// arr st: 0 after '[', 1 after a value, 2 in a value
+// num st: 1 after '-', 2 after a leading 0, 3 integer digits, 4 after '.', 5 fraction digits, 6 after e/E,
+//         7 after the exponent's sign, 8 exponent digits (2, 3, 5, 8 may end)
+
+const std::vector<std::string> k_bool_texts = {"false", "true"};
+const std::vector<std::string> k_null_texts = {"null"};
+
+bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_hex(char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+const char* const k_annotations[] = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
+                                     "deprecated", "readOnly", "writeOnly", "format", "$defs", "definitions",
+                                     "$anchor", "contentEncoding", "contentMediaType", "discriminator", "strict"};
+const char* const k_unsupported[] = {"pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                     "multipleOf", "uniqueItems", "minProperties", "maxProperties",
+                                     "patternProperties", "propertyNames", "not", "if", "then", "else", "contains",
+                                     "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties",
+                                     "unevaluatedItems", "minContains", "maxContains", "additionalItems"};
+
+bool listed(const char* const* b, const char* const* e, const std::string& k) {
+    return std::any_of(b, e, [&](const char* x) { return k == x; });
+}
+
+std::string compact(const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::strict); }
+
+std::string escape_key(const std::string& name) {
+    const std::string q = compact(ojson(name));
+    return q.substr(1, q.size() - 2);
+}
+
+uint8_t type_bit(const std::string& t) {
+    if (t == "null") return st_null;
+    if (t == "boolean") return st_bool;
+    if (t == "integer") return st_int;
+    if (t == "number") return st_num | st_int;
+    if (t == "string") return st_str;
+    if (t == "object") return st_obj;
+    if (t == "array") return st_arr;
+    throw schema_error("unknown type '" + t + "'");
+}
+
+uint8_t value_type(const ojson& v) {
+    if (v.is_null()) return st_null;
+    if (v.is_boolean()) return st_bool;
+    if (v.is_number_integer() || v.is_number_unsigned()) return st_int;
+    if (v.is_number()) return st_num;
+    if (v.is_string()) return st_str;
+    if (v.is_object()) return st_obj;
+    return st_arr;
+}
+
+uint32_t bound(const ojson& s, const char* k, uint32_t dflt) {
+    auto it = s.find(k);
+    if (it == s.end()) return dflt;
+    if (!it->is_number_integer() || it->get<int64_t>() < 0)
+        throw schema_error(std::string("'") + k + "' must be a non-negative integer");
+    return (uint32_t)std::min<int64_t>(it->get<int64_t>(), UINT32_MAX - 1);
+}
+
+size_t add_sat(size_t a, size_t b) { return a == SIZE_MAX || b == SIZE_MAX || a + b > k_max_min_size ? SIZE_MAX : a + b; }
+
+int text_depth(const std::string& s) {  // container nesting of a JSON text
+    int d = 0, m = 0;
+    bool str = false, esc = false;
+    for (char c : s) {
+        if (str) {
+            if (esc) esc = false;
+            else if (c == '\\') esc = true;
+            else if (c == '"') str = false;
+        } else if (c == '"') {
+            str = true;
+        } else if (c == '{' || c == '[') {
+            m = std::max(m, ++d);
+        } else if (c == '}' || c == ']') {
+            d--;
+        }
+    }
+    return m;
+}
+
+}  // namespace
+
+// ---- compilation
+
+schema_program::schema_program() {
+    add();                       // 0: anything
+    nodes_[0].additional = 0;
+    add();                       // 1: nothing
+    nodes_[1].types = 0;
+}
+
+int schema_program::add() {
+    if (nodes_.size() >= k_max_nodes) throw schema_error("the schema has more than 2048 subschemas");
+    nodes_.emplace_back();
+    return (int)nodes_.size() - 1;
+}
+
+int schema_program::compile(const ojson& doc, bool strict) {
+    doc_ = &doc;
+    strict_ = strict;
+    refs_.clear();
+    return compile_node(doc, 0);
+}
+
+int schema_program::compile_node(const ojson& s, int depth) {
+    if (depth > k_max_schema_depth) throw schema_error("the schema nests deeper than 32 levels");
+    if (s.is_boolean()) return s.get<bool>() ? 0 : 1;
+    if (!s.is_object()) throw schema_error("a schema must be an object or a boolean");
+    bool assertions = false;  // keywords that constrain values, besides $ref / anyOf / oneOf / allOf
+    for (auto it = s.begin(); it != s.end(); ++it) {
+        const std::string& k = it.key();
+        if (listed(std::begin(k_unsupported), std::end(k_unsupported), k)) {
+            if (strict_) throw schema_error("the keyword '" + k + "' is not supported");
+        } else if (k == "type" || k == "enum" || k == "const" || k == "properties" || k == "required" ||
+                   k == "additionalProperties" || k == "items" || k == "prefixItems" || k == "minItems" ||
+                   k == "maxItems" || k == "minLength" || k == "maxLength") {
+            assertions = true;
+        }
+    }
+    const bool nullable = s.contains("nullable") && s["nullable"].is_boolean() && s["nullable"].get<bool>();
+    auto combinator = [&](const char* key) -> const ojson* {
+        auto it = s.find(key);
+        return it == s.end() ? nullptr : &*it;
+    };
+    if (const ojson* r = combinator("$ref")) {
+        if (!r->is_string()) throw schema_error("'$ref' must be a string");
+        if (assertions) throw schema_error("'$ref' together with other assertions is not supported");
+        const std::string ref = r->get<std::string>();
+        if (ref.empty() || ref[0] != '#') throw schema_error("only local '$ref's (\"#/...\") are supported: " + ref);
+        int target = -1;
+        for (const auto& [path, n] : refs_)
+            if (path == ref) target = n;
+        if (target < 0) {
+            const ojson* t = nullptr;
+            try {
+                t = &doc_->at(ojson::json_pointer(ref.substr(1)));
+            } catch (const std::exception&) {
+                throw schema_error("'$ref' " + ref + " does not resolve");
+            }
+            target = add();
+            refs_.emplace_back(ref, target);
+            const int real = compile_node(*t, depth + 1);
+            nodes_[(size_t)target].alias = real;
+        }
+        if (!nullable) return target;
+        const int u = add();
+        nodes_[(size_t)u].any_of = {target, add()};
+        nodes_[(size_t)nodes_[(size_t)u].any_of[1]].types = st_null;
+        return u;
+    }
+    const ojson* any = combinator("anyOf");
+    if (!any) any = combinator("oneOf");
+    if (const ojson* all = combinator("allOf")) {
+        if (any || !all->is_array() || all->size() != 1)
+            throw schema_error("'allOf' is supported with one element only");
+        if (assertions) throw schema_error("'allOf' together with other assertions is not supported");
+        any = all;
+    }
+    if (any) {
+        if (!any->is_array() || any->empty() || any->size() > k_max_branches)
+            throw schema_error("'anyOf' / 'oneOf' must be an array of 1 to 64 schemas");
+        if (assertions) throw schema_error("'anyOf' / 'oneOf' together with other assertions is not supported");
+        std::vector<int> branches;
+        for (const ojson& b : *any) branches.push_back(compile_node(b, depth + 1));
+        if (nullable) {
+            const int n = add();
+            nodes_[(size_t)n].types = st_null;
+            branches.push_back(n);
+        }
+        const int u = add();
+        nodes_[(size_t)u].any_of = std::move(branches);
+        return u;
+    }
+
+    const int id = add();
+    uint8_t types = st_any;
+    if (auto t = s.find("type"); t != s.end()) {
+        if (t->is_string()) {
+            types = type_bit(t->get<std::string>());
+        } else if (t->is_array() && !t->empty()) {
+            types = 0;
+            for (const ojson& x : *t) {
+                if (!x.is_string()) throw schema_error("'type' must be a string or a list of strings");
+                types |= type_bit(x.get<std::string>());
+            }
+        } else {
+            throw schema_error("'type' must be a string or a list of strings");
+        }
+    }
+    if (nullable) types |= st_null;
+    nodes_[(size_t)id].types = types;
+    const ojson* en = combinator("enum");
+    ojson one;
+    if (const ojson* c = combinator("const")) {
+        one = ojson::array({*c});
+        en = &one;
+    }
+    if (en) {
+        if (!en->is_array() || en->size() > k_max_enum) throw schema_error("'enum' must be an array of at most 4096 values");
+        std::vector<std::string> texts;
+        size_t bytes = 0;
+        for (const ojson& v : *en) {
+            if (!(value_type(v) & types) && !(value_type(v) == st_num && (types & st_int) && v.get<double>() == (double)(int64_t)v.get<double>()))
+                continue;
+            texts.push_back(compact(v));
+            bytes += texts.back().size();
+            if (bytes > k_max_enum_bytes) throw schema_error("'enum' holds more than 1 MiB of values");
+        }
+        if (nullable && (types & st_null)) texts.push_back("null");
+        std::sort(texts.begin(), texts.end());
+        texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
+        nodes_[(size_t)id].has_enum = true;
+        nodes_[(size_t)id].enums = std::move(texts);
+        return id;  // the values are checked against the rest at compile time only by type
+    }
+    // objects
+    int additional = -1;
+    if (auto a = s.find("additionalProperties"); a != s.end()) additional = compile_node(*a, depth + 1);
+    if (additional == 1) additional = -1;
+    std::vector<std::string> names;
+    std::vector<int> pnodes;
+    if (auto p = s.find("properties"); p != s.end()) {
+        if (!p->is_object()) throw schema_error("'properties' must be an object");
+        if (p->size() > k_max_props) throw schema_error("an object schema lists more than 256 properties");
+        for (auto it = p->begin(); it != p->end(); ++it) {
+            names.push_back(it.key());
+            pnodes.push_back(compile_node(it.value(), depth + 1));
+        }
+    }
+    std::vector<uint8_t> req(names.size(), 0);
+    if (auto r = s.find("required"); r != s.end()) {
+        if (!r->is_array()) throw schema_error("'required' must be an array of strings");
+        for (const ojson& x : *r) {
+            if (!x.is_string()) throw schema_error("'required' must be an array of strings");
+            const std::string name = x.get<std::string>();
+            auto f = std::find(names.begin(), names.end(), name);
+            if (f == names.end()) {
+                if (additional < 0)
+                    throw schema_error("required property '" + name + "' is not in 'properties' and "
+                                       "additionalProperties is false");
+                if (names.size() >= k_max_props) throw schema_error("an object schema lists more than 256 properties");
+                names.push_back(name);
+                pnodes.push_back(additional);
+                req.push_back(1);
+            } else {
+                req[(size_t)(f - names.begin())] = 1;
+            }
+        }
+    }
+    // arrays
+    std::vector<int> prefix;
+    if (auto p = s.find("prefixItems"); p != s.end()) {
+        if (!p->is_array() || p->size() > k_max_props) throw schema_error("'prefixItems' must be an array");
+        for (const ojson& x : *p) prefix.push_back(compile_node(x, depth + 1));
+    }
+    int items = 0;
+    if (auto it = s.find("items"); it != s.end()) {
+        if (it->is_array()) throw schema_error("'items' as an array (draft 4) is not supported: use 'prefixItems'");
+        items = compile_node(*it, depth + 1);
+        if (items == 1) items = -1;
+    }
+    schema_node& n = nodes_[(size_t)id];  // (compile_node may have grown nodes_)
+    n.additional = additional;
+    n.prop_names = names;
+    n.prop_nodes = pnodes;
+    n.prop_required = req;
+    for (const std::string& name : names) n.prop_keys.push_back(escape_key(name));
+    std::vector<int> order(names.size());
+    for (size_t i = 0; i < order.size(); i++) order[i] = (int)i;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return n.prop_keys[(size_t)a] < n.prop_keys[(size_t)b]; });
+    for (int i : order) {
+        n.keys_sorted.push_back(n.prop_keys[(size_t)i]);
+        n.keys_prop.push_back(i);
+    }
+    n.prefix = prefix;
+    n.items = items;
+    n.min_items = bound(s, "minItems", 0);
+    n.max_items = bound(s, "maxItems", UINT32_MAX);
+    n.min_len = bound(s, "minLength", 0);
+    n.max_len = bound(s, "maxLength", UINT32_MAX);
+    return id;
+}
+
+int schema_program::restrict_types(int n, uint8_t mask) {
+    while (nodes_[(size_t)n].alias >= 0) n = nodes_[(size_t)n].alias;
+    if (!nodes_[(size_t)n].any_of.empty()) {
+        std::vector<int> branches;
+        for (int b : std::vector<int>(nodes_[(size_t)n].any_of)) branches.push_back(restrict_types(b, mask));
+        const int u = add();
+        nodes_[(size_t)u].any_of = std::move(branches);
+        return u;
+    }
+    const int c = add();
+    nodes_[(size_t)c] = nodes_[(size_t)n];
+    schema_node& x = nodes_[(size_t)c];
+    x.types &= mask;
+    if (x.has_enum) {
+        std::vector<std::string> keep;
+        for (const std::string& t : x.enums) {
+            const ojson v = ojson::parse(t);
+            if ((value_type(v) & mask) && (value_type(v) != st_num || (mask & st_num))) keep.push_back(t);
+        }
+        x.enums = std::move(keep);
+    }
+    return c;
+}
+
+void schema_program::finish() {
+    const size_t N = nodes_.size();
+    auto resolve = [&](int n) {
+        for (size_t steps = 0; n >= 0 && nodes_[(size_t)n].alias >= 0; steps++) {
+            if (steps > N) throw schema_error("'$ref' refers to itself in a loop");
+            n = nodes_[(size_t)n].alias;
+        }
+        return n;
+    };
+    for (size_t i = 0; i < N; i++)  // an alias becomes a copy of what it names (roots may be aliases too)
+        if (nodes_[i].alias >= 0) {
+            const int t = resolve((int)i);
+            nodes_[i] = nodes_[(size_t)t];
+        }
+    for (schema_node& x : nodes_) {
+        for (int& c : x.any_of) c = resolve(c);
+        for (int& c : x.prop_nodes) c = resolve(c);
+        for (int& c : x.prefix) c = resolve(c);
+        if (x.additional >= 0) x.additional = resolve(x.additional);
+        if (x.items >= 0) x.items = resolve(x.items);
+    }
+    // unions: the leaves, flattened (cycles of unions add nothing)
+    for (size_t u = 0; u < N; u++) {
+        if (nodes_[u].any_of.empty() || nodes_[u].alias >= 0) continue;
+        std::vector<int> leaves, todo = nodes_[u].any_of;
+        std::vector<uint8_t> seen(N, 0);
+        seen[u] = 1;
+        while (!todo.empty()) {
+            const int b = todo.back();
+            todo.pop_back();
+            if (seen[(size_t)b]) continue;
+            seen[(size_t)b] = 1;
+            if (nodes_[(size_t)b].any_of.empty()) leaves.push_back(b);
+            else todo.insert(todo.end(), nodes_[(size_t)b].any_of.rbegin(), nodes_[(size_t)b].any_of.rend());
+            if (leaves.size() > k_max_branches) throw schema_error("a union has more than 64 alternatives");
+        }
+        if (leaves.empty()) leaves.push_back(1);
+        nodes_[u].any_of = std::move(leaves);
+    }
+    // shortest values: a fixed point over sizes (they only fall), then the texts
+    auto item_node = [](const schema_node& x, uint32_t i) { return i < x.prefix.size() ? x.prefix[i] : x.items; };
+    auto size_of = [&](const schema_node& x) -> size_t {
+        if (x.alias >= 0) return nodes_[(size_t)x.alias].min_size;
+        if (!x.any_of.empty()) {
+            size_t m = SIZE_MAX;
+            for (int b : x.any_of) m = std::min(m, nodes_[(size_t)b].min_size);
+            return m;
+        }
+        if (x.has_enum) {
+            size_t m = SIZE_MAX;
+            for (const std::string& t : x.enums) m = std::min(m, t.size());
+            return m > k_max_min_size ? SIZE_MAX : m;
+        }
+        size_t m = SIZE_MAX;
+        if (x.types & (st_int | st_num)) m = 1;
+        if (x.types & (st_null | st_bool)) m = std::min<size_t>(m, 4);
+        if ((x.types & st_str) && x.min_len <= x.max_len) m = std::min(m, add_sat(2, x.min_len));
+        if (x.types & st_obj) {
+            size_t o = 2, k = 0;
+            for (size_t i = 0; i < x.prop_nodes.size(); i++) {
+                if (!x.prop_required[i]) continue;
+                o = add_sat(o, add_sat(x.prop_keys[i].size() + 3 + (k++ ? 1 : 0), nodes_[(size_t)x.prop_nodes[i]].min_size));
+            }
+            m = std::min(m, o);
+        }
+        if ((x.types & st_arr) && x.min_items <= x.max_items) {
+            size_t a = 2;
+            for (uint32_t i = 0; i < x.min_items && a != SIZE_MAX; i++) {
+                const int it = item_node(x, i);
+                a = add_sat(a, it < 0 ? SIZE_MAX : add_sat(nodes_[(size_t)it].min_size, i ? 1 : 0));
+            }
+            m = std::min(m, a);
+        }
+        return m;
+    };
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (schema_node& x : nodes_) {
+            const size_t m = size_of(x);
+            if (m < x.min_size) x.min_size = m, changed = true;
+        }
+    }
+    // texts, children first: a node's shortest value only uses children with strictly smaller sizes
+    std::vector<size_t> order(N);
+    for (size_t i = 0; i < N; i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return nodes_[a].min_size < nodes_[b].min_size; });
+    for (size_t i : order) {
+        schema_node& x = nodes_[i];
+        if (x.min_size == SIZE_MAX) break;
+        if (x.alias >= 0) continue;
+        std::string t;
+        if (!x.any_of.empty()) {
+            for (int b : x.any_of)
+                if (nodes_[(size_t)b].min_size == x.min_size) { t = nodes_[(size_t)b].min_text; break; }
+        } else if (x.has_enum) {
+            for (const std::string& e : x.enums)
+                if (e.size() == x.min_size) { t = e; break; }
+        } else if ((x.types & (st_int | st_num)) && x.min_size == 1) {
+            t = "0";
+        } else if ((x.types & st_null) && x.min_size == 4) {
+            t = "null";
+        } else if ((x.types & st_bool) && x.min_size == 4) {
+            t = "true";
+        } else if ((x.types & st_str) && x.min_len <= x.max_len && x.min_size == add_sat(2, x.min_len)) {
+            t = "\"" + std::string(x.min_len, 'a') + "\"";
+        } else {
+            bool done = false;
+            if (x.types & st_obj) {
+                std::string o = "{";
+                for (size_t p = 0; p < x.prop_nodes.size(); p++) {
+                    if (!x.prop_required[p]) continue;
+                    if (o.size() > 1) o += ',';
+                    o += "\"" + x.prop_keys[p] + "\":" + nodes_[(size_t)x.prop_nodes[p]].min_text;
+                }
+                o += '}';
+                if (o.size() == x.min_size) t = o, done = true;
+            }
+            if (!done) {
+                std::string a = "[";
+                for (uint32_t k = 0; k < x.min_items; k++) {
+                    if (k) a += ',';
+                    a += nodes_[(size_t)item_node(x, k)].min_text;
+                }
+                t = a + "]";
+            }
+        }
+        x.min_text = std::move(t);
+        x.min_depth = text_depth(x.min_text);
+        if (x.min_depth + 1 > (int)k_max_nesting) x.min_size = SIZE_MAX, x.min_text.clear();
+    }
+    for (schema_node& x : nodes_)
+        if (x.alias >= 0) {
+            const schema_node& t = nodes_[(size_t)x.alias];
+            x.min_size = t.min_size, x.min_text = t.min_text, x.min_depth = t.min_depth;
+        }
+}
+
+// ---- the recogniser
+
+namespace {
+
+struct ctx {
+    const schema_program* p;
+    std::vector<schema_alt>* forks;
+};
+
+bool obj_required_left(const schema_node& n, size_t from) {
+    for (size_t i = from; i < n.prop_required.size(); i++)
+        if (n.prop_required[i]) return true;
+    return false;
+}
+
+// The window of properties that may come next: [next, last] (last: the first required one from next on).
+size_t obj_window_end(const schema_node& n, size_t next) {
+    for (size_t i = next; i < n.prop_required.size(); i++)
+        if (n.prop_required[i]) return i + 1;
+    return n.prop_required.size();
+}
+
+bool prop_ok(const schema_program& p, const schema_node& n, size_t next, size_t i) {
+    return i >= next && i < obj_window_end(n, next) && p.satisfiable(n.prop_nodes[i]);
+}
+
+bool extra_ok(const schema_program& p, const schema_node& n) { return n.additional >= 0 && p.satisfiable(n.additional); }
+
+bool any_key_left(const schema_program& p, const schema_node& n, size_t next) {
+    if (extra_ok(p, n)) return true;
+    for (size_t i = next; i < obj_window_end(n, next); i++)
+        if (p.satisfiable(n.prop_nodes[i])) return true;
+    return false;
+}
+
+int item_of(const schema_node& n, uint32_t i) { return i < n.prefix.size() ? n.prefix[i] : n.items; }
+
+bool item_ok(const schema_program& p, const schema_node& n, uint32_t i) {
+    const int it = item_of(n, i);
+    return i < n.max_items && it >= 0 && p.satisfiable(it);
+}
+
+// Narrows a sorted range of texts to those with byte c at pos.
+void narrow(const std::vector<std::string>& t, uint32_t* lo, uint32_t* hi, uint16_t pos, char c) {
+    const uint32_t a = (uint32_t)(std::lower_bound(t.begin() + *lo, t.begin() + *hi, c,
+                                                   [&](const std::string& s, char x) {
+                                                       return s.size() <= pos || (unsigned char)s[pos] < (unsigned char)x;
+                                                   }) - t.begin());
+    const uint32_t b = (uint32_t)(std::upper_bound(t.begin() + a, t.begin() + *hi, c,
+                                                   [&](char x, const std::string& s) {
+                                                       return (unsigned char)x < (unsigned char)s[pos];
+                                                   }) - t.begin());
+    *lo = a, *hi = b;
+}
+
+bool utf8_step(schema_frame& f, unsigned char c) {
+    if (f.u8_need > 0) {
+        if (c < f.u8_lo || c > f.u8_hi) return false;
+        f.u8_need--;
+        f.u8_lo = 0x80, f.u8_hi = 0xBF;
+        return true;
+    }
+    f.u8_lo = 0x80, f.u8_hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) f.u8_need = 1;
+    else if (c == 0xE0) f.u8_need = 2, f.u8_lo = 0xA0;
+    else if (c == 0xED) f.u8_need = 2, f.u8_hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF) f.u8_need = 2;
+    else if (c == 0xF0) f.u8_need = 3, f.u8_lo = 0x90;
+    else if (c == 0xF4) f.u8_need = 3, f.u8_hi = 0x8F;
+    else if (c >= 0xF1 && c <= 0xF3) f.u8_need = 3;
+    else return false;
+    return true;
+}
+
+// A value of node n is expected next (a union forks when its first byte comes).
+void start_value(schema_alt& a, int n) {
+    schema_frame f;
+    f.kind = k_value;
+    f.node = n;
+    a.stack.push_back(f);
+}
+
+// The top value is complete: pop it and tell its container.
+void end_value(schema_alt& a) {
+    a.stack.pop_back();
+    if (a.stack.empty()) return;
+    schema_frame& f = a.stack.back();
+    if (f.kind == k_obj) f.st = 4;
+    else if (f.kind == k_arr) f.st = 1, f.count++;
+}
+
+bool num_can_end(uint8_t st) { return st == 2 || st == 3 || st == 5 || st == 8; }
+
+bool lit_exact(const schema_frame& f) { return f.lo < f.hi && (*f.texts)[f.lo].size() == f.pos; }
+
+schema_state::result feed_alt(const ctx& x, schema_alt& a, char c);
+
+schema_state::result refeed(const ctx& x, schema_alt& a, char c) {
+    if (a.stack.empty()) return schema_state::result::ended;
+    return feed_alt(x, a, c);
+}
+
+schema_state::result feed_alt(const ctx& x, schema_alt& a, char c) {
+    using R = schema_state::result;
+    if (a.stack.empty()) return R::ended;
+    schema_frame& f = a.stack.back();
+    const schema_program& p = *x.p;
+    const schema_node& n = p.node(f.node);
+    const unsigned char uc = (unsigned char)c;
+    const bool between = f.kind == k_value || f.kind == k_obj || f.kind == k_arr;
+    if (between) {
+        if (is_ws(c)) {
+            if (f.kind == k_obj && f.st == 3) return R::fail;
+            if (a.ws >= k_max_ws) return R::fail;
+            a.ws++;
+            return R::ok;
+        }
+        a.ws = 0;
+    }
+    switch (f.kind) {
+        case k_value: {
+            if (!p.satisfiable(f.node)) return R::fail;
+            if (!n.any_of.empty()) {  // each branch gets its own alternative
+                const schema_alt base = a;
+                R first = R::fail;
+                bool any = false;
+                for (int b : n.any_of) {
+                    if (!p.satisfiable(b)) continue;
+                    if (!any) {
+                        any = true;
+                        a.stack.back().node = b;
+                        first = feed_alt(x, a, c);
+                    } else if (x.forks->size() < k_max_alts) {
+                        schema_alt alt = base;
+                        alt.stack.back().node = b;
+                        if (feed_alt(x, alt, c) == R::ok) x.forks->push_back(std::move(alt));
+                    }
+                }
+                return first;
+            }
+            if (n.has_enum) {
+                f.kind = k_lit, f.texts = &n.enums, f.lo = 0, f.hi = (uint32_t)n.enums.size(), f.pos = 0;
+                return feed_alt(x, a, c);
+            }
+            const size_t depth = a.stack.size();
+            if (c == '{' && (n.types & st_obj)) {
+                if (depth + (size_t)n.min_depth + 1 > k_max_frames) return R::fail;
+                f.kind = k_obj, f.st = 0, f.next = 0, f.cur = -1;
+                return R::ok;
+            }
+            if (c == '[' && (n.types & st_arr)) {
+                if (depth + (size_t)n.min_depth + 1 > k_max_frames || n.min_items > n.max_items) return R::fail;
+                f.kind = k_arr, f.st = 0, f.count = 0;
+                return R::ok;
+            }
+            if (c == '"' && (n.types & st_str)) {
+                if (n.min_len > n.max_len) return R::fail;
+                f.kind = k_str, f.count = 0, f.esc = 0, f.u8_need = 0;
+                return R::ok;
+            }
+            if ((c == '-' || is_digit(c)) && (n.types & (st_int | st_num))) {
+                f.kind = k_num, f.flags = !(n.types & st_num), f.count = 1;
+                f.st = c == '-' ? 1 : c == '0' ? 2 : 3;
+                if (c == '-') f.count = 0;
+                return R::ok;
+            }
+            if ((c == 't' || c == 'f') && (n.types & st_bool)) {
+                f.kind = k_lit, f.texts = &k_bool_texts, f.lo = 0, f.hi = 2, f.pos = 0;
+                return feed_alt(x, a, c);
+            }
+            if (c == 'n' && (n.types & st_null)) {
+                f.kind = k_lit, f.texts = &k_null_texts, f.lo = 0, f.hi = 1, f.pos = 0;
+                return feed_alt(x, a, c);
+            }
+            return R::fail;
+        }
+        case k_obj:
+            switch (f.st) {
+                case 0:
+                case 1:
+                    if (c == '}' && f.st == 0 && !obj_required_left(n, f.next)) {
+                        end_value(a);
+                        return R::ok;
+                    }
+                    if (c != '"' || a.stack.size() >= k_max_frames) return R::fail;
+                    {
+                        schema_frame k;
+                        k.kind = k_key, k.node = f.node, k.texts = &n.keys_sorted, k.lo = 0,
+                        k.hi = (uint32_t)n.keys_sorted.size(), k.pos = 0, k.flags = extra_ok(p, n), k.count = 0;
+                        const uint16_t next = f.next;
+                        a.stack.push_back(k);
+                        // no key of the window left and no additional ones: a dead end
+                        if (!any_key_left(p, n, next)) return R::fail;
+                    }
+                    return R::ok;
+                case 2: {
+                    if (c != ':') return R::fail;
+                    f.st = 3;
+                    const int v = f.cur >= 0 ? n.prop_nodes[(size_t)f.cur] : n.additional;
+                    start_value(a, v);
+                    return R::ok;
+                }
+                case 4:
+                    if (c == ',' && any_key_left(p, n, f.next)) {
+                        f.st = 1;
+                        return R::ok;
+                    }
+                    if (c == '}' && !obj_required_left(n, f.next)) {
+                        end_value(a);
+                        return R::ok;
+                    }
+                    return R::fail;
+                default: return R::fail;
+            }
+        case k_arr:
+            if (c == ']' && f.st != 2 && f.count >= n.min_items) {
+                end_value(a);
+                return R::ok;
+            }
+            if (f.st == 0) {
+                if (!item_ok(p, n, 0)) return R::fail;
+                f.st = 2;
+                start_value(a, item_of(n, 0));
+                return feed_alt(x, a, c);
+            }
+            if (f.st == 1 && c == ',' && item_ok(p, n, f.count)) {
+                f.st = 2;
+                start_value(a, item_of(n, f.count));
+                return R::ok;
+            }
+            return R::fail;
+        case k_str:
+            if (f.esc == 1) {
+                if (c == 'u') { f.esc = 5; return R::ok; }
+                if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
+                    f.esc = 0;
+                    return R::ok;
+                }
+                return R::fail;
+            }
+            if (f.esc >= 2) {  // \uXXXX: 5 = first hex digit; 15 = second after a 'd' (no surrogates)
+                if (!is_hex(c)) return R::fail;
+                if (f.esc == 15) {
+                    if (!(c >= '0' && c <= '7')) return R::fail;
+                    f.esc = 3;
+                    return R::ok;
+                }
+                if (f.esc == 5 && (c == 'd' || c == 'D')) { f.esc = 15; return R::ok; }
+                f.esc = f.esc == 2 ? 0 : f.esc - 1;
+                return R::ok;
+            }
+            if (f.u8_need > 0) return utf8_step(f, uc) ? R::ok : R::fail;
+            if (c == '"') {
+                if (f.count < n.min_len) return R::fail;
+                end_value(a);
+                return R::ok;
+            }
+            if (uc < 0x20) return R::fail;
+            if (f.count >= n.max_len) return R::fail;
+            if (uc >= 0x80 && !utf8_step(f, uc)) return R::fail;
+            if (c == '\\') f.esc = 1;
+            f.count++;
+            return R::ok;
+        case k_num: {
+            const bool int_only = f.flags;
+            switch (f.st) {
+                case 1:
+                    if (c == '0') { f.st = 2; f.count = 1; return R::ok; }
+                    if (is_digit(c)) { f.st = 3; f.count = 1; return R::ok; }
+                    return R::fail;
+                case 4: if (is_digit(c)) { f.st = 5; f.count = 1; return R::ok; } return R::fail;
+                case 6:
+                    if (c == '+' || c == '-') { f.st = 7; return R::ok; }
+                    if (is_digit(c)) { f.st = 8; f.count = 1; return R::ok; }
+                    return R::fail;
+                case 7: if (is_digit(c)) { f.st = 8; f.count = 1; return R::ok; } return R::fail;
+                default: break;
+            }
+            if (is_digit(c) && f.st != 2) {
+                if (f.count >= (f.st == 8 ? 2u : k_max_digits)) return R::fail;
+                f.count++;
+                return R::ok;
+            }
+            if (!int_only && c == '.' && (f.st == 2 || f.st == 3)) { f.st = 4; return R::ok; }
+            if (!int_only && (c == 'e' || c == 'E') && (f.st == 2 || f.st == 3 || f.st == 5)) { f.st = 6; return R::ok; }
+            end_value(a);  // the number ended before c
+            return refeed(x, a, c);
+        }
+        case k_lit: {
+            uint32_t lo = f.lo, hi = f.hi;
+            narrow(*f.texts, &lo, &hi, f.pos, c);
+            if (lo == hi) {
+                if (!lit_exact(f)) return R::fail;
+                end_value(a);
+                return refeed(x, a, c);
+            }
+            f.lo = lo, f.hi = hi, f.pos++;
+            if (hi - lo == 1 && (*f.texts)[lo].size() == f.pos) end_value(a);
+            return R::ok;
+        }
+        case k_key: {
+            const schema_frame& o = a.stack[a.stack.size() - 2];
+            uint32_t lo = f.lo, hi = f.hi;
+            if (lo < hi) narrow(*f.texts, &lo, &hi, f.pos, c);
+            bool listed = false;  // a key of the window still fits
+            for (uint32_t i = lo; i < hi && !listed; i++) listed = prop_ok(p, n, o.next, (size_t)n.keys_prop[i]);
+            if (c == '"' && !listed) {  // the end of the key (a '"' inside a listed key follows a backslash)
+                if (f.u8_need) return R::fail;
+                const int prop = lit_exact(f) ? n.keys_prop[f.lo] : -1;
+                if (prop >= 0 && !prop_ok(p, n, o.next, (size_t)prop)) return R::fail;
+                if (prop < 0 && !f.flags) return R::fail;  // (an additional key never spells a listed one)
+                a.stack.pop_back();
+                schema_frame& ob = a.stack.back();
+                ob.cur = (int16_t)prop;
+                if (prop >= 0) ob.next = (uint16_t)(prop + 1);
+                ob.st = 2;
+                return R::ok;
+            }
+            bool extra = f.flags && (f.u8_need > 0 || f.count < k_max_key) && c != '\\' && c != '"' && uc >= 0x20;
+            if (extra && (f.u8_need > 0 || uc >= 0x80)) {
+                schema_frame t = f;
+                extra = utf8_step(t, uc);
+                if (extra) f.u8_need = t.u8_need, f.u8_lo = t.u8_lo, f.u8_hi = t.u8_hi;
+            }
+            if (!listed && !extra) return R::fail;
+            f.flags = extra;
+            f.lo = lo, f.hi = hi, f.pos++, f.count++;
+            return R::ok;
+        }
+        default: return R::fail;
+    }
+}
+
+}  // namespace
+
+namespace {
+
+void put_str(size_t* len, std::string* out, std::string_view s) {
+    *len += s.size();
+    if (out) out->append(s);
+}
+
+// The cheapest text closing the object of frame f from its state st (a value or key above it already closed),
+// with `next` the first property that may still come.
+void close_obj(const schema_program& p, const schema_frame& f, uint8_t st, size_t next, size_t* len, std::string* out) {
+    const schema_node& n = p.node(f.node);
+    auto entry = [&](size_t i, bool comma) {
+        if (comma) put_str(len, out, ",");
+        put_str(len, out, "\"");
+        put_str(len, out, n.prop_keys[i]);
+        put_str(len, out, "\":");
+        put_str(len, out, p.node(n.prop_nodes[i]).min_text);
+    };
+    bool comma = st != 0 && st != 1;
+    if (st == 2) {
+        put_str(len, out, ":");
+        put_str(len, out, p.node(f.cur >= 0 ? n.prop_nodes[(size_t)f.cur] : n.additional).min_text);
+    }
+    if (st == 1 && !obj_required_left(n, next)) {  // after ',' a key must come: the cheapest one
+        size_t best = SIZE_MAX, best_cost = SIZE_MAX;
+        for (size_t i = next; i < obj_window_end(n, next); i++) {
+            if (!p.satisfiable(n.prop_nodes[i])) continue;
+            const size_t cost = n.prop_keys[i].size() + p.node(n.prop_nodes[i]).min_size;
+            if (cost < best_cost) best = i, best_cost = cost;
+        }
+        if (extra_ok(p, n) && p.node(n.additional).min_size < best_cost) {
+            put_str(len, out, "\"\":");
+            put_str(len, out, p.node(n.additional).min_text);
+        } else if (best != SIZE_MAX) {
+            entry(best, false);
+        }
+        put_str(len, out, "}");
+        return;
+    }
+    for (size_t i = next; i < n.prop_required.size(); i++) {
+        if (!n.prop_required[i]) continue;
+        entry(i, comma);
+        comma = true;
+    }
+    put_str(len, out, "}");
+}
+
+size_t close_alt(const schema_program& p, const schema_alt& a, std::string* out) {
+    size_t len = 0;
+    for (size_t i = a.stack.size(); i-- > 0;) {
+        const schema_frame& f = a.stack[i];
+        const schema_node& n = p.node(f.node);
+        switch (f.kind) {
+            case k_value: put_str(&len, out, n.min_text); break;
+            case k_str: {
+                for (int k = 0; k < f.u8_need; k++) {
+                    const char b = (char)(k == 0 ? f.u8_lo : 0x80);
+                    put_str(&len, out, std::string_view(&b, 1));
+                }
+                if (f.esc == 1) put_str(&len, out, "n");
+                else if (f.esc == 15) put_str(&len, out, "000");
+                else if (f.esc >= 2) put_str(&len, out, std::string((size_t)(f.esc - 1), '0'));
+                if (f.count < n.min_len) put_str(&len, out, std::string(n.min_len - f.count, 'a'));
+                put_str(&len, out, "\"");
+                break;
+            }
+            case k_num:
+                if (f.st == 1 || f.st == 4 || f.st == 6 || f.st == 7) put_str(&len, out, "0");
+                break;
+            case k_lit: {
+                uint32_t best = f.lo;
+                for (uint32_t k = f.lo; k < f.hi; k++)
+                    if ((*f.texts)[k].size() < (*f.texts)[best].size()) best = k;
+                put_str(&len, out, std::string_view((*f.texts)[best]).substr(f.pos));
+                break;
+            }
+            case k_key: {  // the key, its value, then the object below (handled here)
+                const schema_frame& o = a.stack[i - 1];
+                auto rest = [&](size_t next) {
+                    size_t l = 0;
+                    close_obj(p, o, 4, next, &l, nullptr);
+                    return l;
+                };
+                size_t best = SIZE_MAX, best_cost = SIZE_MAX;
+                for (uint32_t k = f.lo; k < f.hi; k++) {
+                    const size_t prop = (size_t)n.keys_prop[k];
+                    if (!prop_ok(p, n, o.next, prop)) continue;
+                    const size_t cost = n.keys_sorted[k].size() - f.pos + p.node(n.prop_nodes[prop]).min_size + rest(prop + 1);
+                    if (cost < best_cost) best = k, best_cost = cost;
+                }
+                size_t next = o.next;
+                // (a key spelling a listed one cannot end as an additional key)
+                if (f.flags && !(best != SIZE_MAX && lit_exact(f)) &&
+                    (best == SIZE_MAX || f.u8_need + p.node(n.additional).min_size + rest(next) < best_cost)) {
+                    for (int k = 0; k < f.u8_need; k++) {
+                        const char b = (char)(k == 0 ? f.u8_lo : 0x80);
+                        put_str(&len, out, std::string_view(&b, 1));
+                    }
+                    put_str(&len, out, "\":");
+                    put_str(&len, out, p.node(n.additional).min_text);
+                } else if (best != SIZE_MAX) {
+                    const size_t prop = (size_t)n.keys_prop[best];
+                    put_str(&len, out, std::string_view(n.keys_sorted[best]).substr(f.pos));
+                    put_str(&len, out, "\":");
+                    put_str(&len, out, p.node(n.prop_nodes[prop]).min_text);
+                    next = prop + 1;
+                }
+                close_obj(p, o, 4, next, &len, out);
+                i--;
+                break;
+            }
+            case k_obj: close_obj(p, f, f.st, f.next, &len, out); break;
+            case k_arr: {
+                uint32_t done = f.count + (f.st == 2 ? 1 : 0);
+                for (uint32_t k = done; k < n.min_items; k++) {
+                    if (k > 0) put_str(&len, out, ",");
+                    put_str(&len, out, p.node(item_of(n, k)).min_text);
+                }
+                put_str(&len, out, "]");
+                break;
+            }
+            default: break;
+        }
+    }
+    return len;
+}
+
+}  // namespace
+
+schema_state::schema_state(const schema_program* p, int root) : p_(p) {
+    schema_alt a;
+    a.stack.reserve(8);
+    start_value(a, root);
+    alts_.push_back(std::move(a));
+}
+
+schema_state::result schema_state::feed(char c) {
+    started_ = true;
+    std::vector<schema_alt> forks;
+    const ctx x{p_, &forks};
+    size_t w = 0;
+    bool ended = false;
+    for (size_t i = 0; i < alts_.size(); i++) {
+        const result r = feed_alt(x, alts_[i], c);
+        if (r == result::ok) {
+            if (w != i) alts_[w] = std::move(alts_[i]);
+            w++;
+        } else if (r == result::ended) {
+            ended = true;
+        }
+    }
+    alts_.resize(w);
+    for (schema_alt& f : forks)
+        if (alts_.size() < k_max_alts) alts_.push_back(std::move(f));
+    if (!alts_.empty()) return result::ok;
+    return ended ? result::ended : result::fail;
+}
+
+bool schema_state::feed(std::string_view s) {
+    for (char c : s)
+        if (feed(c) != result::ok) return false;
+    return true;
+}
+
+bool schema_state::accepting() const {
+    for (const schema_alt& a : alts_) {
+        if (a.stack.empty()) return true;
+        if (a.stack.size() != 1) continue;
+        const schema_frame& f = a.stack.back();
+        if (f.kind == k_num && num_can_end(f.st)) return true;
+        if (f.kind == k_lit && lit_exact(f)) return true;
+    }
+    return false;
+}
+
+bool schema_state::finished() const {
+    for (const schema_alt& a : alts_)
+        if (!a.stack.empty()) return false;
+    return !alts_.empty();
+}
+
+size_t schema_state::closer(std::string* out) const {
+    size_t best = SIZE_MAX;
+    size_t which = 0;
+    for (size_t i = 0; i < alts_.size(); i++) {
+        const size_t n = close_alt(*p_, alts_[i], nullptr);
+        if (n < best) best = n, which = i;
+    }
+    if (best == SIZE_MAX) return SIZE_MAX;
+    if (out) close_alt(*p_, alts_[which], out);
+    return best;
+}
+
+int64_t schema_state::free_string_room() const {
+    if (alts_.size() != 1 || alts_[0].stack.empty()) return -1;
+    const schema_frame& f = alts_[0].stack.back();
+    if (f.kind == k_key && f.lo == f.hi && f.flags && f.u8_need == 0)  // an additional key, no listed one left
+        return ((int64_t)k_max_key - (int64_t)f.count) / 4;            // (count is in bytes there)
+    if (f.kind != k_str || f.esc != 0 || f.u8_need != 0) return -1;
+    const schema_node& n = p_->node(f.node);
+    return n.max_len == UINT32_MAX ? (int64_t)UINT32_MAX : (int64_t)n.max_len - (int64_t)f.count;
+}
+
+}  // namespace tansy
