@@ -4,6 +4,7 @@
 Each group starts its own server on a free loopback port with the embedded tiny model on the CPU backend:
     api       endpoints, streaming, reasoning, tools round trip, stop, JSON mode, logprobs, errors, auth, curl
     responses /v1/responses: items, events, function-call round trip, previous_response_id, text.format, errors
+    schema    json_schema and schema-constrained tool calls: 50 sampled runs each validated with jsonschema
     greedy    greedy output through the server equals `tansy run`'s
     load      32 concurrent streaming clients x 4 requests, 5 disconnecting mid-stream; memory back to idle
     lifecycle /health 503 while loading, graceful SIGTERM/SIGINT shutdown with requests in flight

@@ -224,8 +224,13 @@ TEST(json_schema, refuses_what_it_cannot_honour) {
     EXPECT_FALSE(loop.p.satisfiable(loop.root));
     // too many subschemas
     ojson wide = {{"type", "object"}, {"properties", ojson::object()}};
-    for (int i = 0; i < 250; i++) wide["properties"]["p" + std::to_string(i)] = deep.size() ? ojson::parse(
-        R"({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "object", "properties": {"c": {"type": "string"}}}}}, "d": {"type": "integer"}, "e": {"type": "integer"}, "f": {"type": "integer"}, "g": {"type": "integer"}, "h": {"type": "integer"}, "i": {"type": "integer"}, "j": {"type": "integer"}}})") : ojson();
+    const ojson nine = ojson::parse(
+        R"({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "object", "properties": {"c": {"type": "string"}}}}}, "d": {"type": "integer"}, "e": {"type": "integer"}, "f": {"type": "integer"}, "g": {"type": "integer"}, "h": {"type": "integer"}, "i": {"type": "integer"}, "j": {"type": "integer"}}})");
+    for (int i = 0; i < 250; i++) {
+        std::string key = "p";
+        key += std::to_string(i);
+        wide["properties"][key] = nine;
+    }
     EXPECT_TRUE(fails(wide.dump(), false, "2048"));
     // a huge enum is fine (binary search per byte)
     ojson big = {{"enum", ojson::array()}};
@@ -342,13 +347,16 @@ TEST(json_schema, constrained_tool_calls_parse_into_valid_arguments) {
                 ASSERT_FALSE(p.tool_calls().empty()) << out;
                 EXPECT_LE(p.tool_calls().size(), seed % 2 == 0 ? 8u : 1u) << out;
                 for (const parsed_tool_call& tc : p.tool_calls()) {
-                    if (!only.empty()) EXPECT_EQ(tc.name, only);
+                    if (!only.empty()) {
+                        EXPECT_EQ(tc.name, only);
+                    }
                     const ojson* s = tool_schema(tc.name);
                     ASSERT_NE(s, nullptr) << tc.name;
                     const ojson args = ojson::parse(tc.arguments, nullptr, false);
                     // (pattern is outside the subset: ignored without strict, and the oracle ignores it too)
-                    if (ended || tc.complete)  // else finish_reason would be "length"
+                    if (ended || tc.complete) {  // else finish_reason would be "length"
                         EXPECT_TRUE(!args.is_discarded() && valid(args, *s, *s)) << out << "\n-> " << tc.arguments;
+                    }
                     calls++;
                 }
                 EXPECT_TRUE(p.content().empty()) << out;
@@ -371,7 +379,9 @@ TEST(json_schema, tools_and_a_response_format_allow_either) {
     c.mask(logits.data(), n, 100);
     EXPECT_NE(logits[(size_t)call], -INFINITY) << "a tool call may come";
     const int32_t brace = tiny().tok().find("{");
-    if (brace >= 0) EXPECT_NE(logits[(size_t)brace], -INFINITY) << "so may the JSON";
+    if (brace >= 0) {
+        EXPECT_NE(logits[(size_t)brace], -INFINITY) << "so may the JSON";
+    }
     // whichever comes, the output is valid
     int json = 0, tools = 0;
     for (uint32_t seed = 0; seed < 16; seed++) {
