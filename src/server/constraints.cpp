@@ -312,9 +312,11 @@ void json_object_constraint::mask(float* logits, int64_t n, int64_t tokens_left)
     if (reasoning_) return mask_reasoning(t, logits, n, tokens_left, reserve_);
     n = std::min<int64_t>(n, (int64_t)t.bytes.size());
     const std::string closer = json_.closer();
-    // Each token adds at least one byte: with no more tokens than the completion has bytes, spell it out.
-    const bool closing = tokens_left <= (int64_t)closer.size();
-    const bool near = tokens_left <= (int64_t)closer.size() + 16;
+    // Each token adds at least one byte: with no more tokens than the completion has bytes, spell it out. One
+    // token stays for the end of the turn, so that a completed object ends with finish_reason stop.
+    const int64_t left = tokens_left - 1;
+    const bool closing = left <= (int64_t)closer.size();
+    const bool near = left <= (int64_t)closer.size() + 16;
     std::vector<float> saved(logits, logits + n);
     // Which first bytes can follow at all: most tokens are ruled out by one table look-up, not a parse
     // (outside strings only a few bytes fit; the real vocabulary has 248k tokens).
@@ -337,7 +339,7 @@ void json_object_constraint::mask(float* logits, int64_t n, int64_t tokens_left)
             ok = closer.compare(0, b.size(), b) == 0;
         } else {
             json_prefix next = json_;
-            ok = next.feed(b) && (!near || (int64_t)next.closer().size() <= tokens_left - 1);
+            ok = next.feed(b) && (!near || (int64_t)next.closer().size() <= left - 1);
         }
         if (!ok) logits[i] = k_neg_inf;
     }
@@ -933,9 +935,11 @@ void schema_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
     std::string closer;
     const size_t clen = st_.closer(&closer);
     const bool complete = st_.complete();
-    // Each token adds at least one byte: with no more tokens than the completion has bytes, spell it out.
-    const bool closing = clen != SIZE_MAX && tokens_left <= (int64_t)clen;
-    const bool near = clen != SIZE_MAX && tokens_left <= (int64_t)clen + 16;
+    // Each token adds at least one byte: with no more tokens than the completion has bytes, spell it out. One
+    // token stays for the end of the turn, so that a completed document ends with finish_reason stop.
+    const int64_t left = tokens_left - 1;
+    const bool closing = clen != SIZE_MAX && left <= (int64_t)clen;
+    const bool near = clen != SIZE_MAX && left <= (int64_t)clen + 16;
     std::vector<float> saved(logits, logits + n);
     // Most tokens fail on their first or second byte: a table look-up each, filled once per step (the second
     // byte's row only for first bytes that fit), instead of a walk per token
@@ -961,7 +965,7 @@ void schema_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
     // token never lengthens (a raw value's may grow by one: walked there)
     int64_t room = 0;
     int plain = st_.plain_class(&room);
-    if (near && (plain == 2 || (int64_t)clen > tokens_left - 1)) plain = 0;
+    if (near && (plain == 2 || (int64_t)clen > left - 1)) plain = 0;
     for (int64_t i = 0; i < n; i++) {
         if (logits[i] == k_neg_inf) continue;
         const std::string& b = t.bytes[(size_t)i];
@@ -979,7 +983,7 @@ void schema_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
             ok = true;
         } else {
             content_state next = st_;
-            ok = next.feed(b) && (!near || (int64_t)next.closer(nullptr) <= tokens_left - 1);
+            ok = next.feed(b) && (!near || (int64_t)next.closer(nullptr) <= left - 1);
         }
         if (!ok) logits[i] = k_neg_inf;
     }
