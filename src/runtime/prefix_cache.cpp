@@ -120,12 +120,20 @@ std::vector<int64_t> prefix_cache::plan(const std::vector<int32_t>& prompt, int6
             d = std::max(d, common_prefix(prompt.data(), T - 1, e->tokens.data(), (int64_t)e->tokens.size()));
         want(d);
     }
-    if (opt_.turn_token >= 0)
+    if (opt_.turn_token >= 0) {
+        // the first turn after position 0 (the end of a system message: shared by every request that uses it)
+        // and the last one (where the next turn of this conversation leaves it)
+        for (int64_t p = 1; p < T; p++)
+            if (prompt[(size_t)p] == opt_.turn_token) {
+                want(p);
+                break;
+            }
         for (int64_t p = T - 1; p > from; p--)
             if (prompt[(size_t)p] == opt_.turn_token) {
                 want(p);
                 break;
             }
+    }
     std::sort(at.begin(), at.end());
     at.erase(std::unique(at.begin(), at.end()), at.end());
     return at;

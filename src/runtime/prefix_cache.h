@@ -19,7 +19,9 @@
 //     most one interval;
 //   - the point where the prompt leaves the longest cached path (its divergence point): the next request that
 //     shares the same prefix (a system prompt) finds a checkpoint exactly there;
-//   - before the last turn_token of the prompt (<|im_start|>): the chat template re-renders a previous assistant
+//   - before the first turn_token after position 0 (<|im_start|>: the end of the system message, with its tool
+//     definitions): every request with the same system prompt restores it;
+//   - before the last turn_token of the prompt: the chat template re-renders a previous assistant
 //     turn differently from what was generated (reasoning stripped), so the next turn's prompt leaves the
 //     previous conversation right after "<|im_start|>assistant\n"; a checkpoint before that header is reused
 //     every turn;
@@ -57,7 +59,8 @@ namespace tansy {
 struct prefix_cache_options {
     size_t budget = 0;                // bytes of snapshots at most (0: the cache is off)
     int64_t snapshot_interval = 2048; // a checkpoint every this many prompt tokens (0: none)
-    int32_t turn_token = -1;          // a checkpoint before the last occurrence of this id in a prompt (-1: none)
+    // checkpoints before the first (after position 0) and the last occurrence of this id in a prompt (-1: none)
+    int32_t turn_token = -1;
     // Neither checkpoints nor entries below this many tokens: at full size a snapshot is ~63 MB, worth keeping
     // only for a prefix whose recompute it saves (256 tokens: ~10 ms at 25K tok/s).
     int64_t min_tokens = 256;

@@ -133,7 +133,9 @@ void scheduler::shutdown(std::chrono::milliseconds grace) {
 
 scheduler_stats scheduler::stats() const {
     std::lock_guard<std::mutex> lk(mu_);
-    return stats_;
+    scheduler_stats st = stats_;
+    if (opt_.cache) st.cache = opt_.cache->stats();
+    return st;
 }
 
 void scheduler::finish(sequence& s, finish_reason r, const std::string& error) {
@@ -555,7 +557,6 @@ void scheduler::loop() {
         stats_.state_bytes = bytes;
         stats_.prompt_tokens = prompt_total_;
         stats_.generated_tokens = generated_total_;
-        stats_.cache_bytes = opt_.cache ? opt_.cache->bytes() : 0;
     }
 }
 

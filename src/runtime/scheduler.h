@@ -122,7 +122,7 @@ struct scheduler_stats {
     size_t state_bytes = 0, state_budget = 0;
     uint64_t steps = 0, decode_rows = 0;  // decode forwards, and the sequences they carried
     uint64_t prompt_tokens = 0, generated_tokens = 0;
-    size_t cache_bytes = 0;  // held by the prefix cache (also within state_budget)
+    prefix_cache_stats cache;  // the prefix cache's (its bytes count within state_budget); zero without one
 };
 
 class scheduler {
