@@ -240,6 +240,37 @@ TEST(prefix_cache, second_chat_turn_is_exact_and_cached) {
     EXPECT_GE(st.cached_tokens, (uint64_t)t2.fin.cached_tokens);
 }
 
+// Issue 30's measurement: a ~1,500-token system prompt, then a second turn, with the server's defaults (a
+// checkpoint every 2048 tokens, none below 256 tokens, turn checkpoints). Time to first token cold vs cached.
+TEST(prefix_cache, second_turn_of_a_long_conversation) {
+    prefix_cache_options po;
+    po.budget = size_t(512) << 20;
+    po.turn_token = tiny().tok().find("<|im_start|>");
+    prefix_cache pc(tiny().eng().be(), po);
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(tiny().eng(), so);
+    std::string sys;
+    for (int i = 0; sys.size() < 5200; i++)
+        sys += "Rule " + std::to_string(i) + ": keep answers short, name functions in full, and prefer the standard library. ";
+    ojson msgs = ojson::array({{{"role", "system"}, {"content", sys}}, {{"role", "user"}, {"content", "What is a heap?"}}});
+    const std::vector<int32_t> p1 = render(msgs);
+    ASSERT_GT(p1.size(), 1300u);
+    const outcome t1 = run(s, 1, p1, 16);
+    std::vector<int32_t> answer = t1.ids;
+    if (!answer.empty() && answer.back() == tiny().eos()[0]) answer.pop_back();
+    msgs.push_back({{"role", "assistant"}, {"content", tiny().tok().decode(answer, true)}});
+    msgs.push_back({{"role", "user"}, {"content", "And a stack?"}});
+    const std::vector<int32_t> p2 = render(msgs);
+    const outcome cold = run(s, 2, p2, 16, /*cache=*/false);
+    const outcome warm = run(s, 3, p2, 16);
+    EXPECT_EQ(warm.ids, cold.ids);
+    EXPECT_GE(warm.fin.cached_tokens, (int64_t)p1.size() - 8);
+    EXPECT_LT(warm.fin.prefill_s, cold.fin.prefill_s);
+    printf("second turn of %zu tokens (first turn %zu): %lld cached; time to first token %.1f ms cached vs %.1f ms cold\n",
+           p2.size(), p1.size(), (long long)warm.fin.cached_tokens, warm.fin.prefill_s * 1e3, cold.fin.prefill_s * 1e3);
+}
+
 TEST(prefix_cache, shared_system_prompt_mid_block_and_divergence) {
     prefix_cache pc(tiny().eng().be(), small_blocks());
     scheduler_options so;
