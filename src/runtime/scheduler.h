@@ -2,8 +2,10 @@
 // and its backend, which are single-threaded) loops:
 //   1. takes cancellations (their states are freed once no step in flight uses them);
 //   2. admits queued sequences (FIFO) while the batch is under max_batch and their state fits the memory
-//      budget; each takes a decode_step slot (runtime/decode_step.h) holding its next token, sampling
-//      parameters and RNG on the device;
+//      budget (the prefix cache's bytes included: it is evicted from first); each takes a decode_step slot
+//      (runtime/decode_step.h) holding its next token, sampling parameters and RNG on the device, and restores
+//      the longest cached prefix of its prompt (runtime/prefix_cache.h) into its new state: its prefill starts
+//      after it, in pieces that end where the cache wants a checkpoint;
 //   3. runs one step (decode_step::launch): one token for every running sequence, plus the next pieces of the
 //      prompts being prefilled in the same forward pass (a mixed step) - at most prefill_budget prompt tokens
 //      while others decode, so none waits longer than one bounded piece between two tokens; a prompt alone goes
