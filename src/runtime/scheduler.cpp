@@ -301,10 +301,14 @@ void scheduler::drain() {
         s.prefill_s += step_s;
         if (uses_cache(s) && !s.done) {
             // nothing else runs on this state now (a step with prompt pieces is waited for before the next)
-            if (p.chunks[c].last)
-                opt_.cache->insert(s.req.prompt.data(), s.st->n_past(), *s.st, std::move(s.cps));
-            else if (std::binary_search(s.marks.begin(), s.marks.end(), s.prefilled))
-                s.cps.push_back(opt_.cache->checkpoint(*s.st));
+            try {
+                if (p.chunks[c].last)
+                    opt_.cache->insert(s.req.prompt.data(), s.st->n_past(), *s.st, std::move(s.cps));
+                else if (std::binary_search(s.marks.begin(), s.marks.end(), s.prefilled))
+                    s.cps.push_back(opt_.cache->checkpoint(*s.st));
+            } catch (const std::exception& e) {  // a snapshot that does not fit costs a later hit, not this request
+                TANSY_WARN("scheduler: a prefix cache snapshot failed: %s", e.what());
+            }
         }
         if (p.chunks[c].last && !s.done) {
             s.started = true;
