@@ -89,6 +89,19 @@ class backend {
     // A fresh, empty sequence state able to hold `capacity` tokens of KV cache.
     virtual std::unique_ptr<seq_state> new_state(int64_t capacity) = 0;
 
+    // ---- state snapshots (runtime/prefix_cache.h), queued in order with the ops
+    // A copy of st at st.n_past(): its recurrent part (conv tails, S) and its KV rows [0, kv_rows) (FP8 scales
+    // included) in a new state of capacity kv_rows. kv_rows = 0: the recurrent part only (a checkpoint).
+    virtual std::unique_ptr<seq_state> snapshot(const seq_state& st, int64_t kv_rows) {
+        fail("backend %s: state snapshots are not supported", name());
+    }
+    // dst (capacity >= n) becomes the state after n tokens: KV rows [0, n) from kv (which holds at least n rows)
+    // and the recurrent part from rec (rec.n_past() == n). rec and kv may be the same state; dst's other rows
+    // are left as they are (never read: attention reads rows [0, n_past)).
+    virtual void restore(seq_state& dst, const seq_state& rec, const seq_state& kv, int64_t n) {
+        fail("backend %s: state snapshots are not supported", name());
+    }
+
     // ---- ops (all activations are [T, features], T = batch rows; the residual stream x is [T, D])
     // Ops are coarse on purpose: each is what a fast backend fuses into one or two kernels (the norm into the
     // projection that follows it, the residual add into the matmul that produces it).

@@ -13,6 +13,7 @@
 #include "cli/line_reader.h"
 #include "core/check.h"
 #include "model/config.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/text_engine.h"
 #include "tokenizer/chat_template.h"
 
@@ -41,7 +42,7 @@ struct turn_result {
 };
 
 turn_result stream_turn(text_engine& te, const std::vector<int32_t>& prompt, const generation_request& base,
-                        bool thinking, const run_style& st) {
+                        bool thinking, const run_style& st, prefix_cache* cache = nullptr) {
     generation_request req = base;
     req.prompt = prompt;
     req.stop = te.eos();
@@ -58,7 +59,10 @@ turn_result stream_turn(text_engine& te, const std::vector<int32_t>& prompt, con
         fflush(f);
     };
     if (in_reasoning && rout) fputs(st.dim(), rout);
-    r.stats = te.eng().generate(*seq, req, [&](int32_t id) {
+    auto gen = [&](const std::function<bool(int32_t)>& f) {
+        return cache ? te.eng().generate_cached(*cache, *seq, req, f) : te.eng().generate(*seq, req, f);
+    };
+    r.stats = gen([&](int32_t id) {
         if (interrupted()) {
             r.stopped = true;
             return false;
@@ -98,8 +102,9 @@ turn_result stream_turn(text_engine& te, const std::vector<int32_t>& prompt, con
 }
 
 void report(const generation_stats& s) {
-    fprintf(stderr, "tansy: prompt %lld tokens in %.3f s (time to first token, %.0f tok/s), generated %lld tokens at %.1f tok/s\n",
-            (long long)s.prompt_tokens, s.prefill_s, s.prompt_tokens / std::max(s.prefill_s, 1e-9), (long long)s.generated,
+    fprintf(stderr, "tansy: prompt %lld tokens (%lld cached) in %.3f s (time to first token, %.0f tok/s), generated %lld tokens at %.1f tok/s\n",
+            (long long)s.prompt_tokens, (long long)s.cached_tokens, s.prefill_s,
+            (s.prompt_tokens - s.cached_tokens) / std::max(s.prefill_s, 1e-9), (long long)s.generated,
             s.generated > 1 ? (s.generated - 1) / std::max(s.decode_s, 1e-9) : 0.0);
 }
 
@@ -129,6 +134,8 @@ int cmd_run(int argc, char** argv) {
         .option("--tools", "FILE", "tool definitions: a JSON array, or an object with \"tools\" (and \"system\")")
         .option("--no-think", "", "thinking off (enable_thinking = false)")
         .option("--hide-reasoning", "", "do not show the reasoning (it still happens; --no-think turns it off)")
+        .option("--no-prefix-cache", "", "--chat: prefill every turn's whole conversation (default: each turn restores\n"
+                                         "                            the previous ones from a prefix cache and prefills only the new message)")
         .option("--verbose", "", "after each answer: prompt tokens, time to first token, tokens/s (stderr)")
         .option("-n", "N", "most tokens to generate per turn (default 512)", "--max-tokens");
     add_sampling_options(p);
@@ -169,6 +176,15 @@ int cmd_run(int argc, char** argv) {
         if (verbose) report(r.stats);
         return 0;
     }
+    // --chat: one prefix cache for the conversation (runtime/prefix_cache.h), as `tansy serve` uses it
+    std::unique_ptr<prefix_cache> cache;
+    if (p.has("--chat") && !p.has("--no-prefix-cache")) {
+        prefix_cache_options po;
+        po.budget = size_t(1) << 30;
+        po.turn_token = te.tok().find("<|im_start|>");
+        po.min_tokens = 16;  // one conversation: even a short turn is worth its checkpoint
+        cache = std::make_unique<prefix_cache>(te.eng().be(), po);
+    }
     ojson messages = ojson::array();
     auto restart = [&] {
         messages = ojson::array();
@@ -181,7 +197,7 @@ int cmd_run(int argc, char** argv) {
         co.kwargs["enable_thinking"] = thinking;
         messages.push_back({{"role", "user"}, {"content", user}});
         const std::string text = render_chat(messages, tools, co);
-        turn_result r = stream_turn(te, te.tok().encode(text), req, thinking, st);
+        turn_result r = stream_turn(te, te.tok().encode(text), req, thinking, st, cache.get());
         ojson a = {{"role", "assistant"}, {"content", r.content}};
         if (!r.reasoning.empty()) a["reasoning_content"] = r.reasoning;
         messages.push_back(a);

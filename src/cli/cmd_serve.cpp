@@ -85,6 +85,12 @@ int cmd_serve(int argc, char** argv) {
                                          "                            fits about twice the tokens of long contexts in it)")
         .option("--prefill-budget", "N", "prompt tokens a step carries beside the running sequences' decode rows (default\n"
                                            "                            2048): bounds their wait between two tokens")
+        .option("--prefix-cache-memory", "MIB", "prompt prefixes kept for reuse (KV + DeltaNet state snapshots), within\n"
+                                                "                            --state-memory (default: 512 on cpu, a quarter of --state-memory on\n"
+                                                "                            cuda; 0: off)")
+        .option("--prefix-cache-interval", "N", "a DeltaNet state checkpoint every N prompt tokens (default 2048)")
+        .option("--no-prefix-cache", "", "no prefix cache (as --prefix-cache-memory 0); a request may also send\n"
+                                         "                            \"cache_prompt\": false")
         .option("--max-body", "MIB", "largest request body accepted (default 8; larger gets 413)")
         .option("--http-threads", "N", "requests handled at once; more wait their turn (default max(64, 2 x (max-batch +\n"
                                        "                            max-queue)); idle or slow connections use no thread)")
@@ -126,6 +132,15 @@ int cmd_serve(int argc, char** argv) {
     o.sched.state_budget = mib > 0 ? (size_t)mib << 20 : default_state_budget(o.engine.backend);
     o.sched.prefill_budget = p.integer("--prefill-budget", 2048);
     if (o.sched.prefill_budget < 1) fail("serve: --prefill-budget must be >= 1");
+    const int64_t pc_mib = p.integer("--prefix-cache-memory", -1);
+    if (pc_mib < -1) fail("serve: --prefix-cache-memory must be >= 0");
+    o.cache.budget = pc_mib >= 0 ? (size_t)pc_mib << 20
+                     : o.engine.backend == "cpu" ? std::min(size_t(512) << 20, o.sched.state_budget / 2)
+                                                 : o.sched.state_budget / 4;
+    o.cache.budget = std::min(o.cache.budget, o.sched.state_budget);
+    if (p.has("--no-prefix-cache")) o.cache.budget = 0;
+    o.cache.snapshot_interval = p.integer("--prefix-cache-interval", 2048);
+    if (o.cache.snapshot_interval < 1) fail("serve: --prefix-cache-interval must be >= 1");
     const int64_t body = p.integer("--max-body", 8);
     if (body < 1) fail("serve: --max-body must be >= 1");
     o.http.max_body_bytes = (size_t)body << 20;

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "loader/load_model.h"
 #include "quant/quantize_model.h"
+#include "runtime/prefix_cache.h"
 
 #ifndef TANSY_DEFAULT_MODEL_DIR
 #define TANSY_DEFAULT_MODEL_DIR "models/tiny-chat-q4"
@@ -121,6 +122,50 @@ generation_stats engine::generate(seq_state& st, const generation_request& req,
     be.synchronize();
     gs.decode_s = secs(t1);
     gs.graphs = graphs;
+    return gs;
+}
+
+generation_stats engine::generate_cached(prefix_cache& cache, seq_state& st, const generation_request& req,
+                                         const std::function<bool(int32_t)>& on_token) {
+    using clock = std::chrono::steady_clock;
+    if (!cache.enabled()) return generate(st, req, on_token);
+    if (req.prompt.empty()) fail("generate: the prompt is empty");
+    check_ids(req.prompt);
+    TANSY_CHECK(st.n_past() == 0, "generate_cached: the state must be fresh");
+    const auto t0 = clock::now();
+    const int64_t P = (int64_t)req.prompt.size();
+    int64_t done = 0;
+    if (prefix_cache::lease l = cache.lookup(req.prompt)) {
+        done = l.tokens();
+        cache.restore(l, st);
+    } else {
+        cache.miss();
+    }
+    const int64_t cached = done;
+    prefix_cache::checkpoints cps;
+    for (int64_t m : cache.plan(req.prompt, done)) {
+        fwd_->run_host({req.prompt.begin() + done, req.prompt.begin() + m}, st, logits_rows::none);
+        done = m;
+        cps.push_back(cache.checkpoint(st));
+    }
+    const double pieces_s = std::chrono::duration<double>(clock::now() - t0).count();
+    generation_request rest = req;
+    rest.prompt.assign(req.prompt.begin() + done, req.prompt.end());
+    std::vector<int32_t> out;
+    generation_stats gs = generate(st, rest, [&](int32_t id) {
+        out.push_back(id);
+        return on_token(id);
+    });
+    gs.prompt_tokens = P;
+    gs.cached_tokens = cached;
+    gs.prefill_s += pieces_s;
+    // the state ran the prompt and all but the last emitted token
+    const int64_t n = st.n_past();
+    if (n >= P && n - P <= (int64_t)out.size()) {
+        std::vector<int32_t> tokens = req.prompt;
+        tokens.insert(tokens.end(), out.begin(), out.begin() + (n - P));
+        cache.insert(tokens.data(), n, st, std::move(cps));
+    }
     return gs;
 }
 

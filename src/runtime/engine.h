@@ -16,6 +16,8 @@
 
 namespace tansy {
 
+class prefix_cache;
+
 struct engine_options {
     std::string model_dir;   // empty: the embedded default model
     std::string backend = "cpu";
@@ -49,6 +51,7 @@ struct generation_request {
 
 struct generation_stats {
     int64_t prompt_tokens = 0, generated = 0;
+    int64_t cached_tokens = 0;  // of prompt_tokens, restored from a prefix cache (generate_cached)
     double prefill_s = 0, decode_s = 0;
     bool graphs = false;  // decode steps ran as graph replays
 };
@@ -75,6 +78,13 @@ class engine {
     // Prefill, then decode until max_tokens, a stop id, or on_token returning false. st must have room for
     // prompt + max_tokens.
     generation_stats generate(seq_state& st, const generation_request& req, const std::function<bool(int32_t)>& on_token);
+
+    // generate() through a prefix cache (runtime/prefix_cache.h), as the scheduler uses it: the longest cached
+    // prefix of req.prompt goes into st (fresh), the rest is prefilled in pieces that end at the cache's
+    // checkpoint positions, then decoding; the sequence (prompt + what it ran) is stored at the end. `tansy run
+    // --chat` thus prefills only each new message.
+    generation_stats generate_cached(prefix_cache& cache, seq_state& st, const generation_request& req,
+                                     const std::function<bool(int32_t)>& on_token);
 
     // Ids at or above this are padding rows of the embedding and are never sampled (MODEL.md §6).
     int64_t n_valid_tokens() const { return n_valid_; }

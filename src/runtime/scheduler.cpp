@@ -46,6 +46,15 @@ struct scheduler::sequence {
     std::unordered_set<int32_t> seen;         // prompt and generated ids (repetition penalty)
     sched_clock::time_point submitted, admitted;
     double prefill_s = 0;
+    finish_reason reason = finish_reason::stop;
+    // prefix cache: the looked-up prefix (until restored), the prompt tokens it restored, the positions where
+    // prefill pieces end to take a checkpoint, the checkpoints taken, and the tokens emitted (the state's input
+    // after the prompt, for storing prompt + completion)
+    prefix_cache::lease hit;
+    int64_t cached = 0;
+    std::vector<int64_t> marks;
+    prefix_cache::checkpoints cps;
+    std::vector<int32_t> out;
 
     sequence(uint64_t i, sequence_request&& r, int64_t n_valid)
         : id(i), req(std::move(r)), smp(req.sampling, n_valid), submitted(sched_clock::now()) {}
@@ -125,14 +134,18 @@ void scheduler::shutdown(std::chrono::milliseconds grace) {
 
 scheduler_stats scheduler::stats() const {
     std::lock_guard<std::mutex> lk(mu_);
-    return stats_;
+    scheduler_stats st = stats_;
+    if (opt_.cache) st.cache = opt_.cache->stats();
+    return st;
 }
 
 void scheduler::finish(sequence& s, finish_reason r, const std::string& error) {
     if (s.done) return;
     s.done = true;
+    s.reason = r;
     finish_event e;
     e.reason = r;
+    e.cached_tokens = s.cached;
     e.error = error;
     e.prompt_tokens = (int64_t)s.req.prompt.size();
     e.generated = s.generated;
@@ -148,6 +161,10 @@ void scheduler::finish(sequence& s, finish_reason r, const std::string& error) {
 
 bool scheduler::needs_host_logits(const sequence& s) const {
     return s.host_always || (s.req.constraint && s.req.constraint->active());
+}
+
+bool scheduler::uses_cache(const sequence& s) const {
+    return opt_.cache && opt_.cache->enabled() && s.req.cache_prompt;
 }
 
 // A row whose next pick may depend on its last token on the host (a grammar that turns on after the reasoning,
@@ -213,6 +230,7 @@ void scheduler::emit(sequence& s, token_event ev) {
     ev.t = sched_clock::now();
     s.generated++;
     generated_total_++;
+    if (uses_cache(s)) s.out.push_back(id);
     if (s.req.penalties.frequency != 0.0f || s.req.penalties.presence != 0.0f) s.counts[id]++;
     if (s.req.penalties.repetition != 1.0f) s.seen.insert(id);
     if (s.req.constraint) s.req.constraint->accept(id);
@@ -240,8 +258,11 @@ std::vector<scheduler::chunk_plan> scheduler::next_chunks(bool others_decoding) 
         if (s.done || !s.st || s.started) continue;
         const int64_t left = (int64_t)s.req.prompt.size() - s.prefilled;
         if (left <= 0) continue;
-        const int64_t n = std::min(left, budget);
+        int64_t n = std::min(left, budget);
         if (n <= 0) break;
+        // a piece ends at the next checkpoint position (the prefix cache snapshots the state there)
+        if (auto m = std::upper_bound(s.marks.begin(), s.marks.end(), s.prefilled); m != s.marks.end())
+            n = std::min(n, *m - s.prefilled);
         out.push_back({&s, n, n == left});
         budget -= n;
     }
@@ -278,6 +299,17 @@ void scheduler::drain() {
         sequence& s = *p.chunks[c].seq;
         s.in_flight--;
         s.prefill_s += step_s;
+        if (uses_cache(s) && !s.done) {
+            // nothing else runs on this state now (a step with prompt pieces is waited for before the next)
+            try {
+                if (p.chunks[c].last)
+                    opt_.cache->insert(s.req.prompt.data(), s.st->n_past(), *s.st, std::move(s.cps));
+                else if (std::binary_search(s.marks.begin(), s.marks.end(), s.prefilled))
+                    s.cps.push_back(opt_.cache->checkpoint(*s.st));
+            } catch (const std::exception& e) {  // a snapshot that does not fit costs a later hit, not this request
+                TANSY_WARN("scheduler: a prefix cache snapshot failed: %s", e.what());
+            }
+        }
         if (p.chunks[c].last && !s.done) {
             s.started = true;
             prompt_total_ += s.req.prompt.size();
@@ -390,9 +422,27 @@ void scheduler::sweep_finished() {
     auto gone = [&](const std::unique_ptr<sequence>& s) {
         if (!s->done || s->in_flight > 0) return false;
         if (s->slot >= 0) free_slots_.push_back(s->slot);
+        store_finished(*s);
         return true;
     };
     active_.erase(std::remove_if(active_.begin(), active_.end(), gone), active_.end());
+}
+
+// An ended sequence's state goes to the prefix cache as prompt + the tokens it has run (a finished completion:
+// the next turn of the conversation starts with it; a cancelled prompt: as far as it got). Not after an error
+// (the state may be inconsistent) or while shutting down.
+void scheduler::store_finished(sequence& s) {
+    s.hit.release();
+    if (!uses_cache(s) || !s.st || s.reason == finish_reason::error || s.reason == finish_reason::shutdown) return;
+    const int64_t n = s.st->n_past(), P = (int64_t)s.req.prompt.size();
+    if (n <= 0 || n - P > (int64_t)s.out.size()) return;
+    try {
+        std::vector<int32_t> tokens(s.req.prompt.begin(), s.req.prompt.begin() + std::min(n, P));
+        if (n > P) tokens.insert(tokens.end(), s.out.begin(), s.out.begin() + (n - P));
+        opt_.cache->insert(tokens.data(), n, *s.st, std::move(s.cps));
+    } catch (const std::exception& e) {
+        TANSY_WARN("scheduler: storing a finished sequence in the prefix cache failed: %s", e.what());
+    }
 }
 
 void scheduler::loop() {
@@ -422,16 +472,21 @@ void scheduler::loop() {
             }
             // Admission: FIFO, bounded by the batch size and the state budget (prefill_step bounds the prompt
             // tokens processed per step).
+            // The prefix cache's bytes count too: it gives memory back (LRU) before a sequence is refused.
             size_t bytes = 0;
             for (const auto& s : active_) bytes += std::max(s->need, s->st ? s->st->bytes() : 0);
+            prefix_cache* pc = opt_.cache;
             while (!queue_.empty() && (int)(active_.size() + admitted.size()) < opt_.max_batch) {
-                const sequence& s = *queue_.front();
+                sequence& s = *queue_.front();
                 const int64_t T = (int64_t)s.req.prompt.size();
                 const size_t need = state_estimate(T, capacity_for(T + s.req.max_tokens));
                 const bool alone = active_.empty() && admitted.empty();
-                if (!alone && bytes + need > opt_.state_budget) break;
+                if (uses_cache(s) && !s.hit) s.hit = pc->lookup(s.req.prompt);  // pinned: not evicted below
+                if (pc && bytes + need + pc->bytes() > opt_.state_budget)
+                    pc->evict_to(opt_.state_budget > bytes + need ? opt_.state_budget - bytes - need : 0);
+                if (!alone && bytes + need + (pc ? pc->bytes() : 0) > opt_.state_budget) break;
                 bytes += need;
-                queue_.front()->need = need;
+                s.need = need;
                 admitted.push_back(std::move(queue_.front()));
                 queue_.pop_front();
             }
@@ -469,6 +524,17 @@ void scheduler::loop() {
                 step_->bind(seq.slot, on_device, device_adjust ? &adj : nullptr);
                 eng_.check_ids(seq.req.prompt);  // once, at admission (a bad id ends the request with its error)
                 seq.st = eng_.new_sequence(capacity_for((int64_t)seq.req.prompt.size() + seq.req.max_tokens));
+                if (uses_cache(seq)) {
+                    // the longest cached prefix goes into the new state; prefill starts after it
+                    if (seq.hit) {
+                        seq.cached = seq.hit.tokens();
+                        opt_.cache->restore(seq.hit, *seq.st);
+                        seq.prefilled = seq.cached;
+                    } else {
+                        opt_.cache->miss();
+                    }
+                    seq.marks = opt_.cache->plan(seq.req.prompt, seq.prefilled);
+                }
             } catch (const std::exception& e) {
                 seq.st.reset();
                 finish(seq, finish_reason::error, e.what());
@@ -490,7 +556,7 @@ void scheduler::loop() {
             }
             for (auto& s : active_) {
                 s->in_flight = 0;
-                if (s->started || s->prefilled > 0) finish(*s, finish_reason::error, e.what());
+                if (s->started || s->prefilled > s->cached) finish(*s, finish_reason::error, e.what());
             }
         }
         sweep_finished();

@@ -2,8 +2,10 @@
 // and its backend, which are single-threaded) loops:
 //   1. takes cancellations (their states are freed once no step in flight uses them);
 //   2. admits queued sequences (FIFO) while the batch is under max_batch and their state fits the memory
-//      budget; each takes a decode_step slot (runtime/decode_step.h) holding its next token, sampling
-//      parameters and RNG on the device;
+//      budget (the prefix cache's bytes included: it is evicted from first); each takes a decode_step slot
+//      (runtime/decode_step.h) holding its next token, sampling parameters and RNG on the device, and restores
+//      the longest cached prefix of its prompt (runtime/prefix_cache.h) into its new state: its prefill starts
+//      after it, in pieces that end where the cache wants a checkpoint;
 //   3. runs one step (decode_step::launch): one token for every running sequence, plus the next pieces of the
 //      prompts being prefilled in the same forward pass (a mixed step) - at most prefill_budget prompt tokens
 //      while others decode, so none waits longer than one bounded piece between two tokens; a prompt alone goes
@@ -31,6 +33,7 @@
 
 #include "runtime/decode_step.h"
 #include "runtime/engine.h"
+#include "runtime/prefix_cache.h"
 #include "sampling/sampler.h"
 
 namespace tansy {
@@ -65,6 +68,7 @@ struct finish_event {
     finish_reason reason = finish_reason::stop;
     std::string error;  // for finish_reason::error
     int64_t prompt_tokens = 0, generated = 0;
+    int64_t cached_tokens = 0;  // prompt tokens restored from the prefix cache (not computed)
     double queue_s = 0, prefill_s = 0;  // waiting for admission; the prompt's forward
 };
 
@@ -89,6 +93,8 @@ struct sequence_request {
     int logprobs = -1;              // -1: none; k >= 0: logprob of the chosen token and the top k (k <= 20)
     std::unique_ptr<token_constraint> constraint;
     std::shared_ptr<sequence_sink> sink;
+    // false: neither restored from nor stored in the prefix cache (llama.cpp's "cache_prompt": false)
+    bool cache_prompt = true;
 };
 
 struct scheduler_options {
@@ -101,6 +107,9 @@ struct scheduler_options {
     // > 0: every state gets this capacity (the CUDA backend batches only sequences of equal capacity; the CPU
     // backend grows its KV cache on demand, so there it costs nothing); 0: each gets prompt + max_tokens.
     int64_t seq_capacity = 0;
+    // Prefix cache (runtime/prefix_cache.h), owned by the caller; nullptr: none. Its bytes count against
+    // state_budget: admission evicts from it before it refuses a sequence.
+    prefix_cache* cache = nullptr;
 };
 
 struct scheduler_stats {
@@ -108,6 +117,7 @@ struct scheduler_stats {
     size_t state_bytes = 0, state_budget = 0;
     uint64_t steps = 0, decode_rows = 0;  // decode forwards, and the sequences they carried
     uint64_t prompt_tokens = 0, generated_tokens = 0;
+    prefix_cache_stats cache;  // the prefix cache's (its bytes count within state_budget); zero without one
 };
 
 class scheduler {
@@ -148,8 +158,10 @@ class scheduler {
     void emit(sequence& s, token_event ev);
     void finish(sequence& s, finish_reason r, const std::string& error = "");
     void sweep_finished();
+    void store_finished(sequence& s);
     static void release_free_memory();
     bool needs_host_logits(const sequence& s) const;
+    bool uses_cache(const sequence& s) const;
     int64_t capacity_for(int64_t tokens) const { return opt_.seq_capacity > 0 ? opt_.seq_capacity : tokens; }
 
     struct step_in_flight {

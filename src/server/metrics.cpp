@@ -120,6 +120,16 @@ std::string server_metrics::render(const scheduler_stats* st, bool loaded) const
         counter("tansy_decode_steps_total", "batched decode forwards", (double)st->steps);
         counter("tansy_decode_rows_total", "sequences carried by decode forwards (rows / steps = mean batch)",
                 (double)st->decode_rows);
+        const prefix_cache_stats& pc = st->cache;
+        counter("tansy_prefix_cache_hits_total", "requests that restored a cached prompt prefix", (double)pc.hits);
+        counter("tansy_prefix_cache_misses_total", "requests that found no cached prompt prefix", (double)pc.misses);
+        counter("tansy_prefix_cache_cached_tokens_total", "prompt tokens restored from the prefix cache instead of computed",
+                (double)pc.cached_tokens);
+        counter("tansy_prefix_cache_evictions_total", "prefix cache entries evicted for memory", (double)pc.evictions);
+        gauge("tansy_prefix_cache_bytes", "memory held by the prefix cache (within the state budget)", (double)pc.bytes);
+        gauge("tansy_prefix_cache_budget_bytes", "the most the prefix cache holds (0: off)", (double)pc.budget);
+        gauge("tansy_prefix_cache_entries", "cached sequences (each with its KV and recurrent state)", (double)pc.entries);
+        gauge("tansy_prefix_cache_checkpoints", "recurrent-state checkpoints inside cached sequences", (double)pc.checkpoints);
     }
     gauge("process_resident_memory_bytes", "resident memory of the server process", (double)process_rss_bytes());
     return o;

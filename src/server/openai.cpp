@@ -116,7 +116,7 @@ bool boolean(const ojson& o, const char* k, bool dflt) {
 constexpr const char* k_common_fields[] = {
     "model", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias", "stop", "ignore_eos", "stream", "stream_options",
-    "max_tokens", "logprobs", "allow_special_tokens",
+    "max_tokens", "logprobs", "allow_special_tokens", "cache_prompt",
     // no-ops: bookkeeping, caching and routing hints that do not change the output of this server
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"};
 constexpr const char* k_chat_fields[] = {
@@ -205,6 +205,7 @@ void parse_common(const ojson& j, completion_request& r, const sampling_params& 
             if (x.size() > 1024) bad("stop", "a stop sequence is longer than 1024 bytes");
     }
     r.ignore_eos = boolean(j, "ignore_eos", false);
+    r.cache_prompt = boolean(j, "cache_prompt", true);
     r.stream = boolean(j, "stream", false);
     if (const ojson* so = field(j, "stream_options")) {
         if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
@@ -535,10 +536,11 @@ std::string new_id(const char* prefix) {
     return std::string(prefix) + b;
 }
 
-ojson usage_json(int64_t prompt, int64_t completion, int64_t reasoning) {
+ojson usage_json(int64_t prompt, int64_t completion, int64_t reasoning, int64_t cached) {
     return {{"prompt_tokens", prompt},
             {"completion_tokens", completion},
             {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}},
             {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
 }
 

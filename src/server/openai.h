@@ -73,6 +73,8 @@ struct completion_request {
     // vLLM's extension: the end-of-turn tokens do not end the sequence (it runs to max_tokens; they are still
     // left out of the text). For benchmarks that need every completion to have the same length.
     bool ignore_eos = false;
+    // llama.cpp's field: false keeps the prompt out of the prefix cache (neither restored nor stored)
+    bool cache_prompt = true;
     bool stream = false, include_usage = false;
     int logprobs = -1;  // -1: none; else the number of top alternatives per token
     // Fields the server does not know, ignored (warned about on stderr once per name). The documented
@@ -102,7 +104,8 @@ struct response_meta {
 
 std::string new_id(const char* prefix);  // prefix + 24 random hex digits
 
-ojson usage_json(int64_t prompt, int64_t completion, int64_t reasoning);
+// prompt_tokens_details.cached_tokens: prompt tokens restored from the prefix cache (OpenAI's field).
+ojson usage_json(int64_t prompt, int64_t completion, int64_t reasoning, int64_t cached = 0);
 
 // Chat: the "logprobs" object {"content": [...]} for these tokens.
 ojson chat_logprobs(const tokenizer& tok, const std::vector<token_event>& tokens);

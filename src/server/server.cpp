@@ -103,6 +103,7 @@ struct server::state {
     server_metrics metrics;
     std::atomic<bool> ready{false}, stopping{false};
     std::unique_ptr<text_engine> te;
+    std::unique_ptr<prefix_cache> cache;  // declared before sched: outlives it
     std::unique_ptr<scheduler> sched;
     std::unique_ptr<tokenize_pool> tok_pool;
     std::shared_ptr<const token_table> tokens;
@@ -458,6 +459,7 @@ struct server::state {
                 sr.penalties = r.penalties;
                 sr.logit_bias = r.logit_bias;
                 if (!r.ignore_eos) sr.stop_ids = te->eos();
+                sr.cache_prompt = r.cache_prompt;
                 sr.logprobs = r.logprobs;
                 sr.constraint = make_constraint(r, thinking[k], max_tokens);
                 sr.sink = j->ch;
@@ -581,9 +583,11 @@ struct server::state {
 
     // summed over the request's prompts, as OpenAI reports it
     static ojson usage_of(const std::vector<std::shared_ptr<job>>& jobs) {
-        int64_t p = 0, c = 0, r = 0;
-        for (const auto& j : jobs) p += j->prompt_tokens, c += j->text->completion_tokens(), r += j->text->reasoning_tokens();
-        return usage_json(p, c, r);
+        int64_t p = 0, c = 0, r = 0, cached = 0;
+        for (const auto& j : jobs)
+            p += j->prompt_tokens, c += j->text->completion_tokens(), r += j->text->reasoning_tokens(),
+                cached += j->fin.cached_tokens;
+        return usage_json(p, c, r, cached);
     }
 
     // Per sequence; the request is counted (status, latency) with its first job only.
@@ -779,6 +783,12 @@ void server::load() {
     // One capacity for every sequence: the CUDA backend batches only equal capacities (and preallocates
     // them, which the state budget accounts for); the CPU backend grows KV caches on demand.
     s.opt.sched.seq_capacity = s.ctx;
+    if (s.opt.cache.budget > 0) {
+        // a checkpoint before the last <|im_start|>: where the next turn's prompt leaves this conversation
+        s.opt.cache.turn_token = s.te->tok().find("<|im_start|>");
+        s.cache = std::make_unique<prefix_cache>(s.te->eng().be(), s.opt.cache);
+        s.opt.sched.cache = s.cache.get();
+    }
     s.sched = std::make_unique<scheduler>(s.te->eng(), s.opt.sched);
     s.ready = true;
     fprintf(stderr, "tansy serve: ready: model '%s'%s (%s backend), context %lld, batch %d, queue %d, state budget %.0f MiB\n",

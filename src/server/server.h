@@ -24,6 +24,7 @@ struct serve_options {
     synthetic_spec synthetic;  // config set: serve random weights of that config.json (text_engine.h)
     http_options http;
     scheduler_options sched;
+    prefix_cache_options cache;  // the prefix cache (runtime/prefix_cache.h); budget 0: none
     std::string api_key;     // empty: no authentication
     std::string model_name;  // empty: the model directory's name ("synthetic-" + the config's directory name)
     // Other names the model answers to (in a request's "model", GET /v1/models/NAME); /v1/models lists

@@ -581,8 +581,45 @@ def group_api():
         time.sleep(0.2)
         check(sum("tansy_unknown_probe" in l for l in srv.log) == 1, [l for l in srv.log if "probe" in l])
 
+    def prefix_cache():
+        # issue 30: a second request with the same long prefix restores it (usage.prompt_tokens_details)
+        system = " ".join(f"Rule {i}: answer in plain words and keep each answer short." for i in range(40))
+        def ask(user, stream=False, cache=True):
+            body = {"model": MODEL, "temperature": 0, "max_tokens": 8,
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+            if not cache:
+                body["cache_prompt"] = False
+            if stream:
+                body["stream"], body["stream_options"] = True, {"include_usage": True}
+            s, _, raw = srv.request("POST", "/v1/chat/completions", json.dumps(body).encode())
+            check(s == 200, raw)
+            if not stream:
+                return json.loads(raw)
+            events = [json.loads(l[6:]) for l in raw.decode().split("\n") if l.startswith("data: {")]
+            return events
+        first = ask("What is a heap?")
+        check(first["usage"]["prompt_tokens"] > 300, first["usage"])
+        check("prompt_tokens_details" in first["usage"], first["usage"])
+        time.sleep(0.3)  # the finished sequence is stored once the scheduler sweeps it
+        second = ask("What is a stack?")
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check(0 < cached < second["usage"]["prompt_tokens"], second["usage"])
+        again = ask("What is a heap?")
+        check(again["choices"][0]["message"] == first["choices"][0]["message"], (again, first))
+        check(again["usage"]["prompt_tokens_details"]["cached_tokens"] > cached / 2, again["usage"])
+        off = ask("What is a heap?", cache=False)
+        check(off["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, off["usage"])
+        check(off["choices"][0]["message"] == first["choices"][0]["message"], (off, first))
+        events = ask("What is a queue?", stream=True)
+        check(events[-1]["choices"] == [] and events[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0,
+              events[-1])
+        mt = srv.metrics()
+        for k in ("tansy_prefix_cache_hits_total", "tansy_prefix_cache_cached_tokens_total",
+                  "tansy_prefix_cache_evictions_total", "tansy_prefix_cache_bytes", "tansy_prefix_cache_entries"):
+            check(k in mt, f"/metrics lacks {k}")
+
     run_tests([health_models_metrics, tools_round_trip, reasoning_on_off, usage_chunk, stop_sequences, completions,
-               json_mode, logprobs, tool_choice, sampling_fields, errors, curl, issue36_clients])
+               json_mode, logprobs, tool_choice, sampling_fields, errors, curl, issue36_clients, prefix_cache])
     srv.check_clean_exit(srv.stop())
 
 

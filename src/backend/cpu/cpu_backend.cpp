@@ -220,6 +220,39 @@ class cpu_backend final : public backend {
         memcpy(v, s.v[(size_t)slot].data() + pos * kvd, sizeof(float) * kvd);
     }
 
+    std::unique_ptr<seq_state> snapshot(const seq_state& st, int64_t kv_rows) override {
+        const auto& s = static_cast<const cpu_state&>(st);
+        const size_t n = (size_t)(kv_rows * cfg_.kv_dim());
+        TANSY_CHECK(kv_rows >= 0 && kv_rows <= s.n_past(), "snapshot: %lld KV rows of a state at %lld",
+                    (long long)kv_rows, (long long)s.n_past());
+        auto c = std::make_unique<cpu_state>();
+        c->set_capacity(kv_rows);
+        c->set_n_past(s.n_past());
+        for (size_t l = 0; l < s.k.size(); l++) {
+            TANSY_CHECK(s.k[l].size() >= n, "snapshot: layer %zu holds %zu floats of KV, %zu needed", l, s.k[l].size(), n);
+            c->k.emplace_back(s.k[l].begin(), s.k[l].begin() + (ptrdiff_t)n);
+            c->v.emplace_back(s.v[l].begin(), s.v[l].begin() + (ptrdiff_t)n);
+        }
+        c->conv = s.conv;
+        c->S = s.S;
+        return c;
+    }
+    void restore(seq_state& dst, const seq_state& rec, const seq_state& kv, int64_t n) override {
+        auto& d = static_cast<cpu_state&>(dst);
+        const auto &r = static_cast<const cpu_state&>(rec), &k = static_cast<const cpu_state&>(kv);
+        const size_t m = (size_t)(n * cfg_.kv_dim());
+        TANSY_CHECK(rec.n_past() == n && n <= dst.capacity(), "restore: %lld tokens from a checkpoint at %lld into capacity %lld",
+                    (long long)n, (long long)rec.n_past(), (long long)dst.capacity());
+        for (size_t l = 0; l < d.k.size(); l++) {
+            TANSY_CHECK(k.k[l].size() >= m, "restore: layer %zu holds %zu floats of KV, %zu needed", l, k.k[l].size(), m);
+            d.k[l].assign(k.k[l].begin(), k.k[l].begin() + (ptrdiff_t)m);
+            d.v[l].assign(k.v[l].begin(), k.v[l].begin() + (ptrdiff_t)m);
+        }
+        d.conv = r.conv;
+        d.S = r.S;
+        d.set_n_past(n);
+    }
+
     void pretend_context(seq_state& st, int64_t n) override {
         auto& s = static_cast<cpu_state&>(st);
         const int64_t kvd = cfg_.kv_dim();

@@ -39,7 +39,9 @@ float* f32(const tensor& t) {
 
 class cuda_state final : public seq_state {
   public:
-    cuda_state(const dshape& sh, int n_attn, int n_gdn, int64_t capacity) : sh_(sh), n_attn_(n_attn), n_gdn_(n_gdn) {
+    // Memory operations on the state are queued on `stream` (the backend's), in order with the steps that use it.
+    cuda_state(const dshape& sh, int n_attn, int n_gdn, int64_t capacity, cudaStream_t stream, bool zero = true)
+        : sh_(sh), n_attn_(n_attn), n_gdn_(n_gdn), stream_(stream) {
         capacity_ = capacity;
         kv_bytes_ = (size_t)n_attn * 2 * sh.capacity * sh.kvd * (sh.kv8 ? 1 : 2);
         scale_bytes_ = sh.kv8 ? (size_t)n_attn * 2 * sh.capacity * sh.hkv * 4 : 0;
@@ -48,19 +50,17 @@ class cuda_state final : public seq_state {
         conv_bytes_ = (size_t)n_gdn * 2 * sh.conv_rows * sh.conv_ch * 4;
         s_bytes_ = (size_t)n_gdn * sh.s_elems * 4;
         mem_ = device_buffer(kv_bytes_ + scale_bytes_ + conv_bytes_ + s_bytes_ + 256);
-        reset();
+        if (zero) reset();
     }
     std::unique_ptr<seq_state> clone() const override {
-        auto c = std::make_unique<cuda_state>(sh_, n_attn_, n_gdn_, capacity_);
-        CUDA_CHECK(cudaMemcpy(c->mem_.get(), mem_.get(), mem_.size(), cudaMemcpyDeviceToDevice));
+        auto c = std::make_unique<cuda_state>(sh_, n_attn_, n_gdn_, capacity_, stream_, /*zero=*/false);
+        CUDA_CHECK(cudaMemcpyAsync(c->mem_.get(), mem_.get(), mem_.size(), cudaMemcpyDeviceToDevice, stream_));
         c->n_past_ = n_past_;
         return c;
     }
     size_t bytes() const override { return mem_.size(); }
     void reset() override {
-        // the legacy stream's memset is not ordered with the backend's non-blocking stream: wait for it here
-        CUDA_CHECK(cudaMemset(mem_.get(), 0, mem_.size()));
-        CUDA_CHECK(cudaStreamSynchronize(0));
+        CUDA_CHECK(cudaMemsetAsync(mem_.get(), 0, mem_.size(), stream_));
         n_past_ = 0;
     }
     const dshape& shape() const { return sh_; }
@@ -70,10 +70,36 @@ class cuda_state final : public seq_state {
         return {(uint16_t*)base, sh_.kv8 ? (float*)(base + kv_bytes_) : nullptr, (float*)conv,
                 (float*)(conv + conv_bytes_), (int32_t*)(conv + conv_bytes_ + s_bytes_)};
     }
+    // The recurrent part: conv [n_gdn][2][K-1][C], S and meta are contiguous, from dev().conv on.
+    size_t tail_bytes() const { return conv_bytes_ + s_bytes_ + 2 * sizeof(int32_t); }
+
+    // KV rows [0, n) of every layer (K and V; codes and scales for FP8) from src into this state: one strided
+    // copy per region, as both hold [n_attn * 2][capacity][row] with their own capacities.
+    void copy_kv_rows(const cuda_state& src, int64_t n) {
+        TANSY_CHECK(src.sh_.kv8 == sh_.kv8 && src.sh_.kvd == sh_.kvd && n <= capacity_ && n <= src.capacity_,
+                    "copy_kv_rows: %lld rows from capacity %lld into %lld", (long long)n, (long long)src.capacity_,
+                    (long long)capacity_);
+        if (n <= 0 || n_attn_ == 0) return;
+        const size_t e = sh_.kv8 ? 1 : 2, row = (size_t)sh_.kvd * e;
+        CUDA_CHECK(cudaMemcpy2DAsync(dev().kv, row * (size_t)capacity_, src.dev().kv, row * (size_t)src.capacity_,
+                                     row * (size_t)n, (size_t)n_attn_ * 2, cudaMemcpyDeviceToDevice, stream_));
+        if (sh_.kv8) {
+            const size_t srow = (size_t)sh_.hkv * 4;
+            CUDA_CHECK(cudaMemcpy2DAsync(dev().kv_scale, srow * (size_t)capacity_, src.dev().kv_scale,
+                                         srow * (size_t)src.capacity_, srow * (size_t)n, (size_t)n_attn_ * 2,
+                                         cudaMemcpyDeviceToDevice, stream_));
+        }
+    }
+    // conv tails (both parities), S and meta (n_past, steps: the conv parity) from src.
+    void copy_recurrent(const cuda_state& src) {
+        TANSY_CHECK(src.tail_bytes() == tail_bytes(), "copy_recurrent: state shapes differ");
+        CUDA_CHECK(cudaMemcpyAsync(dev().conv, src.dev().conv, tail_bytes(), cudaMemcpyDeviceToDevice, stream_));
+    }
 
   private:
     dshape sh_;
     int n_attn_, n_gdn_;
+    cudaStream_t stream_;
     size_t kv_bytes_ = 0, scale_bytes_ = 0, conv_bytes_ = 0, s_bytes_ = 0;
     device_buffer mem_;
 };
@@ -162,7 +188,28 @@ class cuda_backend final : public backend {
     std::unique_ptr<seq_state> new_state(int64_t capacity) override {
         dshape sh = sh_;
         sh.capacity = capacity;
-        return std::make_unique<cuda_state>(sh, n_attn_, n_gdn_, capacity);
+        return std::make_unique<cuda_state>(sh, n_attn_, n_gdn_, capacity, stream_);
+    }
+
+    std::unique_ptr<seq_state> snapshot(const seq_state& st, int64_t kv_rows) override {
+        const auto& s = static_cast<const cuda_state&>(st);
+        TANSY_CHECK(kv_rows >= 0 && kv_rows <= s.n_past(), "snapshot: %lld KV rows of a state at %lld",
+                    (long long)kv_rows, (long long)s.n_past());
+        dshape sh = s.shape();
+        sh.capacity = kv_rows;
+        auto c = std::make_unique<cuda_state>(sh, n_attn_, n_gdn_, kv_rows, stream_, /*zero=*/false);
+        c->copy_kv_rows(s, kv_rows);
+        c->copy_recurrent(s);
+        c->set_n_past(s.n_past());
+        return c;
+    }
+    void restore(seq_state& dst, const seq_state& rec, const seq_state& kv, int64_t n) override {
+        TANSY_CHECK(rec.n_past() == n && n <= dst.capacity(), "restore: %lld tokens from a checkpoint at %lld into capacity %lld",
+                    (long long)n, (long long)rec.n_past(), (long long)dst.capacity());
+        auto& d = static_cast<cuda_state&>(dst);
+        d.copy_kv_rows(static_cast<const cuda_state&>(kv), n);
+        d.copy_recurrent(static_cast<const cuda_state&>(rec));  // meta[0] = n with it
+        d.set_n_past(n);
     }
 
     void pretend_context(seq_state& st, int64_t n) override {

@@ -1,0 +1,383 @@
+// prefix cache (runtime/prefix_cache.h) on the embedded tiny model, CPU backend: a state restored from a snapshot
+// continues exactly as the state it was taken from, and greedy outputs through the scheduler are token-exact with
+// and without the cache (second chat turn, shared system prompt, prefix ending mid-block, divergence inside a
+// cached block, eviction under a small budget, concurrent requests on one prefix).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "runtime/prefix_cache.h"
+#include "runtime/scheduler.h"
+#include "runtime/text_engine.h"
+#include "tokenizer/chat_template.h"
+
+namespace tansy {
+namespace {
+
+using namespace std::chrono_literals;
+using ojson = nlohmann::ordered_json;
+
+class collect_sink final : public sequence_sink {
+  public:
+    void on_token(const token_event& e) override {
+        std::lock_guard<std::mutex> lk(mu_);
+        ids_.push_back(e.id);
+    }
+    void on_finish(const finish_event& e) override {
+        std::lock_guard<std::mutex> lk(mu_);
+        fin_ = e;
+        done_ = true;
+        cv_.notify_all();
+    }
+    finish_event wait() {
+        std::unique_lock<std::mutex> lk(mu_);
+        EXPECT_TRUE(cv_.wait_for(lk, 120s, [&] { return done_; })) << "no finish event";
+        return fin_;
+    }
+    std::vector<int32_t> ids() {
+        std::lock_guard<std::mutex> lk(mu_);
+        return ids_;
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<int32_t> ids_;
+    finish_event fin_;
+    bool done_ = false;
+};
+
+text_engine& tiny() {
+    static text_engine te([] {
+        engine_options o;
+        o.backend = "cpu";
+        o.threads = 1;
+        return o;
+    }());
+    return te;
+}
+
+const std::string k_system =
+    "You are a careful assistant for a team that maintains a small Python library for parsing calendar files. "
+    "Answer briefly, cite the function you mean by its full name, prefer standard-library solutions, and say so "
+    "when you are not sure. The library has modules for reading, writing, validating and converting events, and "
+    "each module has tests that run on every commit.";
+
+std::vector<int32_t> render(const ojson& msgs) { return tiny().tok().encode(render_chat(msgs, nullptr, chat_options{})); }
+
+ojson conversation(const std::string& user) {
+    return ojson::array({{{"role", "system"}, {"content", k_system}}, {{"role", "user"}, {"content", user}}});
+}
+
+std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+    text_engine& te = tiny();
+    generation_request req;
+    req.prompt = prompt;
+    req.max_tokens = max_tokens;
+    req.stop = te.eos();
+    auto st = te.eng().new_sequence((int64_t)prompt.size() + max_tokens);
+    std::vector<int32_t> out;
+    te.eng().generate(*st, req, [&](int32_t id) {
+        out.push_back(id);
+        return true;
+    });
+    return out;
+}
+
+prefix_cache_options small_blocks(size_t budget = size_t(256) << 20) {
+    prefix_cache_options o;
+    o.budget = budget;
+    o.snapshot_interval = 64;  // several blocks in the test prompts (~100-200 tokens)
+    o.min_tokens = 8;
+    o.turn_token = tiny().tok().find("<|im_start|>");
+    return o;
+}
+
+struct outcome {
+    std::vector<int32_t> ids;
+    finish_event fin;
+};
+
+// Waits until the scheduler holds no sequence (an ended one is stored in the cache when it is swept).
+void wait_idle(scheduler& s) {
+    for (int i = 0; i < 6000; i++) {
+        const scheduler_stats st = s.stats();
+        if (st.active == 0 && st.queued == 0) return;
+        std::this_thread::sleep_for(1ms);
+    }
+    ADD_FAILURE() << "scheduler not idle";
+}
+
+outcome run(scheduler& s, uint64_t id, const std::vector<int32_t>& prompt, int64_t max_tokens, bool cache = true) {
+    auto sink = std::make_shared<collect_sink>();
+    sequence_request r;
+    r.prompt = prompt;
+    r.max_tokens = max_tokens;
+    r.stop_ids = tiny().eos();
+    r.sink = sink;
+    r.cache_prompt = cache;
+    EXPECT_EQ(s.submit(id, std::move(r)), scheduler::submit_status::ok);
+    outcome o{{}, sink->wait()};
+    o.ids = sink->ids();
+    wait_idle(s);
+    return o;
+}
+
+// ---- backend level: snapshot + restore
+
+void continue_exactly(bool kv_fp8) {
+    engine_options eo;
+    eo.backend = "cpu";
+    eo.threads = 1;
+    eo.backend_opt.kv_fp8 = kv_fp8;
+    engine eng(eo);
+    backend& be = eng.be();
+    const std::vector<int32_t> prompt = render(conversation("How do I read an .ics file?"));
+    const int64_t n = (int64_t)prompt.size(), cut = n / 2;
+    const std::vector<int32_t> head(prompt.begin(), prompt.begin() + cut), tail(prompt.begin() + cut, prompt.end());
+    auto a = eng.new_sequence(n + 8);
+    eng.step(*a, head, logits_rows::none);
+    auto full = be.snapshot(*a, cut);  // KV rows + recurrent part, capacity cut
+    auto rec = be.snapshot(*a, 0);     // recurrent part only
+    EXPECT_EQ(full->capacity(), cut);
+    EXPECT_EQ(rec->n_past(), cut);
+    EXPECT_LT(rec->bytes(), full->bytes());
+    const std::vector<float> ref = eng.step(*a, tail, logits_rows::all);
+    for (const seq_state* r : {full.get(), rec.get()}) {
+        auto b = eng.new_sequence(n + 8);  // another capacity than the snapshot's
+        be.restore(*b, *r, *full, cut);
+        EXPECT_EQ(b->n_past(), cut);
+        const std::vector<float> got = eng.step(*b, tail, logits_rows::all);
+        ASSERT_EQ(got.size(), ref.size());
+        EXPECT_EQ(got, ref) << "a restored state must continue bit for bit (kv_fp8 " << kv_fp8 << ")";
+        for (int64_t l = 0; l < eng.cfg().n_full_attention(); l++) {
+            std::vector<float> k1(eng.cfg().kv_dim()), v1(k1.size()), k2(k1.size()), v2(k1.size());
+            be.read_kv(*a, (int)l, cut - 1, k1.data(), v1.data());
+            be.read_kv(*b, (int)l, cut - 1, k2.data(), v2.data());
+            EXPECT_EQ(k1, k2);
+            EXPECT_EQ(v1, v2);
+        }
+    }
+}
+
+TEST(prefix_cache, restored_state_continues_exactly) { continue_exactly(false); }
+TEST(prefix_cache, restored_state_continues_exactly_fp8_kv) { continue_exactly(true); }
+
+// ---- store level
+
+TEST(prefix_cache, lookup_leaves_a_token_and_absorbs_extended_entries) {
+    engine& eng = tiny().eng();
+    prefix_cache pc(eng.be(), small_blocks());
+    const std::vector<int32_t> p = render(conversation("What is an RRULE?"));
+    const int64_t n = (int64_t)p.size();
+    auto st = eng.new_sequence(n + 8);
+    eng.step(*st, {p.begin(), p.begin() + 40}, logits_rows::none);
+    prefix_cache::checkpoints cps;
+    cps.push_back(pc.checkpoint(*st));
+    eng.step(*st, {p.begin() + 40, p.end()}, logits_rows::none);
+    pc.insert(p.data(), n, *st, std::move(cps));
+    EXPECT_EQ(pc.stats().entries, 1);
+    EXPECT_EQ(pc.stats().checkpoints, 1);
+    // the same prompt: all but its last token
+    EXPECT_EQ(pc.lookup(p).tokens(), 40) << "no checkpoint at n-1: the best is the one at 40";
+    std::vector<int32_t> longer = p;
+    longer.push_back(p[3]);
+    EXPECT_EQ(pc.lookup(longer).tokens(), n);
+    std::vector<int32_t> diverge(p.begin(), p.begin() + 50);
+    diverge.push_back(7);
+    EXPECT_EQ(pc.lookup(diverge).tokens(), 40);
+    EXPECT_FALSE(pc.lookup({p.begin(), p.begin() + 30}));
+    // an entry extending it absorbs it: one entry, its end a checkpoint
+    auto st2 = st->clone();
+    eng.step(*st2, {5, 6, 7}, logits_rows::none);
+    std::vector<int32_t> ext = p;
+    ext.insert(ext.end(), {5, 6, 7});
+    pc.insert(ext.data(), n + 3, *st2);
+    EXPECT_EQ(pc.stats().entries, 1);
+    EXPECT_EQ(pc.stats().checkpoints, 2);
+    EXPECT_EQ(pc.lookup(longer).tokens(), n);
+    // a pinned entry is not evicted
+    prefix_cache::lease l = pc.lookup(longer);
+    pc.evict_to(0);
+    EXPECT_EQ(pc.stats().entries, 1);
+    l.release();
+    pc.evict_to(0);
+    EXPECT_EQ(pc.stats().entries, 0);
+    EXPECT_EQ(pc.bytes(), 0u);
+}
+
+// ---- scheduler: token-exact with and without the cache
+
+TEST(prefix_cache, second_chat_turn_is_exact_and_cached) {
+    prefix_cache pc(tiny().eng().be(), small_blocks());
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(tiny().eng(), so);
+    ojson msgs = conversation("How do I find all events on a given day?");
+    const std::vector<int32_t> p1 = render(msgs);
+    const outcome t1 = run(s, 1, p1, 24);
+    EXPECT_EQ(t1.ids, reference_greedy(p1, 24));
+    EXPECT_EQ(t1.fin.cached_tokens, 0);
+    // the next turn re-renders the answer (the template may differ from the generated tokens)
+    std::vector<int32_t> answer = t1.ids;
+    if (!answer.empty() && answer.back() == tiny().eos()[0]) answer.pop_back();
+    msgs.push_back({{"role", "assistant"}, {"content", tiny().tok().decode(answer, true)}});
+    msgs.push_back({{"role", "user"}, {"content", "And for a whole week?"}});
+    const std::vector<int32_t> p2 = render(msgs);
+    const outcome t2 = run(s, 2, p2, 24);
+    const outcome cold = run(s, 3, p2, 24, /*cache=*/false);
+    EXPECT_EQ(t2.ids, reference_greedy(p2, 24));
+    EXPECT_EQ(t2.ids, cold.ids);
+    EXPECT_GT(t2.fin.cached_tokens, (int64_t)p1.size() / 2) << "turn 2 restores (most of) turn 1";
+    EXPECT_EQ(cold.fin.cached_tokens, 0);
+    printf("second turn: %zu prompt tokens, %lld cached; prefill %.1f ms cached vs %.1f ms cold\n", p2.size(),
+           (long long)t2.fin.cached_tokens, t2.fin.prefill_s * 1e3, cold.fin.prefill_s * 1e3);
+    const prefix_cache_stats st = pc.stats();
+    EXPECT_GE(st.hits, 1u);
+    EXPECT_GE(st.cached_tokens, (uint64_t)t2.fin.cached_tokens);
+}
+
+// Issue 30's measurement: a ~1,500-token system prompt, then a second turn, with the server's defaults (a
+// checkpoint every 2048 tokens, none below 256 tokens, turn checkpoints). Time to first token cold vs cached.
+TEST(prefix_cache, second_turn_of_a_long_conversation) {
+    prefix_cache_options po;
+    po.budget = size_t(512) << 20;
+    po.turn_token = tiny().tok().find("<|im_start|>");
+    prefix_cache pc(tiny().eng().be(), po);
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(tiny().eng(), so);
+    std::string sys;
+    for (int i = 0; sys.size() < 5200; i++)
+        sys += "Rule " + std::to_string(i) + ": keep answers short, name functions in full, and prefer the standard library. ";
+    ojson msgs = ojson::array({{{"role", "system"}, {"content", sys}}, {{"role", "user"}, {"content", "What is a heap?"}}});
+    const std::vector<int32_t> p1 = render(msgs);
+    ASSERT_GT(p1.size(), 1300u);
+    const outcome t1 = run(s, 1, p1, 16);
+    std::vector<int32_t> answer = t1.ids;
+    if (!answer.empty() && answer.back() == tiny().eos()[0]) answer.pop_back();
+    msgs.push_back({{"role", "assistant"}, {"content", tiny().tok().decode(answer, true)}});
+    msgs.push_back({{"role", "user"}, {"content", "And a stack?"}});
+    const std::vector<int32_t> p2 = render(msgs);
+    const outcome cold = run(s, 2, p2, 16, /*cache=*/false);
+    const outcome warm = run(s, 3, p2, 16);
+    EXPECT_EQ(warm.ids, cold.ids);
+    EXPECT_GE(warm.fin.cached_tokens, (int64_t)p1.size() - 8);
+    EXPECT_LT(warm.fin.prefill_s, cold.fin.prefill_s);
+    printf("second turn of %zu tokens (first turn %zu): %lld cached; time to first token %.1f ms cached vs %.1f ms cold\n",
+           p2.size(), p1.size(), (long long)warm.fin.cached_tokens, warm.fin.prefill_s * 1e3, cold.fin.prefill_s * 1e3);
+}
+
+TEST(prefix_cache, shared_system_prompt_mid_block_and_divergence) {
+    prefix_cache pc(tiny().eng().be(), small_blocks());
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(tiny().eng(), so);
+    const std::vector<int32_t> a = render(conversation("Which module validates events?"));
+    const std::vector<int32_t> b = render(conversation("How are time zones converted?"));
+    const std::vector<int32_t> c = render(conversation("Where do the tests live?"));
+    const int64_t shared = std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin();
+    ASSERT_GT(shared, 64) << "the system prompt spans a checkpoint interval";
+    EXPECT_EQ(run(s, 1, a, 16).ids, reference_greedy(a, 16));
+    const outcome ob = run(s, 2, b, 16);
+    EXPECT_EQ(ob.ids, reference_greedy(b, 16));
+    // b leaves a's path inside a block: it restores the later of the block boundary before and the end of the
+    // system message (a checkpoint before the first <|im_start|> after 0), and checkpoints where it left
+    const int32_t im_start = tiny().tok().find("<|im_start|>");
+    const int64_t sys_end = std::find(a.begin() + 1, a.end(), im_start) - a.begin();
+    ASSERT_LE(sys_end, shared);
+    EXPECT_EQ(ob.fin.cached_tokens, std::max(shared / 64 * 64, sys_end));
+    // c shares the same system prompt: it restores exactly the divergence point b left there
+    const int64_t shared_c = std::mismatch(c.begin(), c.end(), b.begin()).first - c.begin();
+    const outcome oc = run(s, 3, c, 16);
+    EXPECT_EQ(oc.ids, reference_greedy(c, 16));
+    EXPECT_EQ(oc.fin.cached_tokens, std::min(shared, shared_c));
+    // a prefix of a that ends mid-block, and one that diverges inside a cached block
+    const std::vector<int32_t> mid(a.begin(), a.begin() + 100);
+    const outcome om = run(s, 4, mid, 12);
+    EXPECT_EQ(om.ids, reference_greedy(mid, 12));
+    EXPECT_GT(om.fin.cached_tokens, 0);
+    std::vector<int32_t> div(a.begin(), a.begin() + 90);
+    const std::vector<int32_t> other = render(conversation("Can I write events to a file?"));
+    div.insert(div.end(), other.end() - 20, other.end());
+    const outcome od = run(s, 5, div, 12);
+    EXPECT_EQ(od.ids, reference_greedy(div, 12));
+    EXPECT_GT(od.fin.cached_tokens, 0);
+    EXPECT_LE(od.fin.cached_tokens, 90);
+}
+
+TEST(prefix_cache, eviction_under_a_small_budget_keeps_outputs_exact) {
+    // room for about one entry of these prompts (the tiny model's state is ~100 KB + ~8 KB per token)
+    engine& eng = tiny().eng();
+    auto probe = eng.new_sequence(1);
+    const size_t one = probe->bytes() * 3 + 200 * 2 * 2 * (size_t)eng.cfg().kv_dim() * 4;
+    prefix_cache pc(eng.be(), small_blocks(one));
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(eng, so);
+    const char* questions[] = {"Name the reader module.", "Name the writer module.", "What does validate() check?",
+                               "Name the reader module."};
+    uint64_t id = 1;
+    for (const char* q : questions) {
+        const std::vector<int32_t> p = render(conversation(q));
+        const outcome o = run(s, id++, p, 12);
+        EXPECT_EQ(o.ids, reference_greedy(p, 12)) << q;
+        EXPECT_LE(pc.bytes(), one);
+    }
+    const prefix_cache_stats st = pc.stats();
+    EXPECT_GT(st.evictions, 0u);
+    EXPECT_LE(st.bytes, one);
+    s.shutdown(0ms);
+    pc.clear();
+    EXPECT_EQ(pc.bytes(), 0u);
+    EXPECT_EQ(pc.stats().entries, 0);
+}
+
+TEST(prefix_cache, concurrent_requests_on_one_prefix) {
+    prefix_cache pc(tiny().eng().be(), small_blocks());
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(tiny().eng(), so);
+    const std::vector<int32_t> warm = render(conversation("Explain the converter."));
+    run(s, 1, warm, 4);
+    const char* qs[] = {"Explain the reader.", "Explain the writer.", "Explain the converter.", "Explain the tests."};
+    std::vector<std::shared_ptr<collect_sink>> sinks;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 4; i++) {
+        prompts.push_back(render(conversation(qs[i])));
+        sinks.push_back(std::make_shared<collect_sink>());
+        sequence_request r;
+        r.prompt = prompts.back();
+        r.max_tokens = 12;
+        r.stop_ids = tiny().eos();
+        r.sink = sinks.back();
+        ASSERT_EQ(s.submit(10 + i, std::move(r)), scheduler::submit_status::ok);
+    }
+    for (int i = 0; i < 4; i++) {
+        const finish_event f = sinks[(size_t)i]->wait();
+        EXPECT_GT(f.cached_tokens, 0) << qs[i];
+        EXPECT_EQ(sinks[(size_t)i]->ids(), reference_greedy(prompts[(size_t)i], 12)) << qs[i];
+    }
+}
+
+TEST(prefix_cache, opt_out_and_disabled) {
+    prefix_cache pc(tiny().eng().be(), small_blocks());
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(tiny().eng(), so);
+    const std::vector<int32_t> p = render(conversation("Say hello."));
+    run(s, 1, p, 4, /*cache=*/false);
+    EXPECT_EQ(pc.stats().entries, 0) << "cache_prompt false stores nothing";
+    run(s, 2, p, 4);
+    EXPECT_EQ(run(s, 3, p, 4, /*cache=*/false).fin.cached_tokens, 0);
+    EXPECT_GT(run(s, 4, p, 4).fin.cached_tokens, 0);
+    prefix_cache off(tiny().eng().be(), prefix_cache_options{});
+    EXPECT_FALSE(off.enabled());
+    EXPECT_FALSE(off.lookup(p));
+}
+
+}  // namespace
+}  // namespace tansy
