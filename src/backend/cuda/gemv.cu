@@ -11,9 +11,6 @@
 // kernel) are requested before the PDL wait; after it, what counts is the number of dependent L2 round trips and
 // instructions per weight. Measured figures and rejected variants: docs/PERF.md.
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <string>
 
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/mma_dot.cuh"
@@ -405,9 +402,8 @@ int64_t mma_slot_bytes(const dmat& W, int64_t rows) {
     return align16(rows * mma_row_bytes(W.row_words())) + align16(rows * mma_sb_stride(W.n_groups()) * 4);
 }
 
-// A decode batch's rows share each dequantised weight: up to 8 as the n of one mma, up to 16 as two (when 16
-// rows' staged x fits beside the ring: K = 2048, not 4096)
-constexpr int k_mma_max_tokens = 16, k_mma_group_tokens = 8;
+// A decode batch's rows share each dequantised weight: up to 8 (k_mma_group_tokens) as the n of one mma, up to 16
+// (k_mma_max_tokens, kernel_plan.h) as two (when 16 rows' staged x fits beside the ring: K = 2048, not 4096)
 
 // x staging for T input rows: hi [T][K + 32] fp16 permuted | lo [T][K + 32] (precise mode, T = 1) | sums per 32
 // values [T][K/32 + 1] | fold [row blocks][k-chunks][16][T]. The per-token padding puts the lanes' different
@@ -843,46 +839,7 @@ void launch(const gemv_params& p, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-// T == 1 stays on the CUDA-core kernels (the tensor-core ones measured slower: docs/PERF.md); a decode batch's 2..16 rows share one dequantisation on tensor cores.
-constexpr unsigned k_mma_default_families = mma_gemvn;
-
-unsigned parse_mma_families(const char* v) {
-    if (!v || !*v) return k_mma_default_families;  // unset or empty: the default
-    unsigned m = 0;
-    const std::string s(v);
-    for (size_t i = 0; i <= s.size();) {
-        size_t j = s.find(',', i);
-        if (j == std::string::npos) j = s.size();
-        const std::string t = s.substr(i, j - i);
-        if (t == "all" || t == "1") m |= mma_all;
-        else if (t == "gemv1") m |= mma_gemv1;
-        else if (t == "gemvn") m |= mma_gemvn;
-        else if (t == "gate_up") m |= mma_gate_up;
-        else if (t == "down") m |= mma_down;
-        else TANSY_CHECK(t == "none" || t == "0" || t.empty(),
-                         "TANSY_DECODE_MMA: unknown kernel family '%s' (gemv1, gemvn, gate_up, down, all, none)", t.c_str());
-        i = j + 1;
-    }
-    return m;
-}
-
-std::atomic<unsigned>& mma_families() {
-    static std::atomic<unsigned> f{parse_mma_families(std::getenv("TANSY_DECODE_MMA"))};
-    return f;
-}
-
-std::atomic<bool>& int8_inputs_enabled() {
-    static std::atomic<bool> on{[] {
-        const char* v = std::getenv("TANSY_DECODE_INT8");
-        return !(v && (std::string(v) == "0" || std::string(v) == "off"));
-    }()};
-    return on;
-}
-
 }  // namespace
-
-bool decode_int8_inputs() { return int8_inputs_enabled().load(std::memory_order_relaxed); }
-bool set_decode_int8_inputs(bool on) { return int8_inputs_enabled().exchange(on); }
 
 bool gemv_int8_inputs(const gemv_params& p) { return int8_warp_slots(p) != 0; }
 
@@ -893,9 +850,6 @@ bool gemv_router_tap_supports(const gemv_params& p) {
            N <= (int64_t)sm_count() * (k_stream_threads / 32) && R.group % 16 == 0 && R.rows >= 1 &&
            R.rows <= k_stream_threads && p.tap.nw;
 }
-
-unsigned decode_mma_families() { return mma_families().load(std::memory_order_relaxed); }
-unsigned set_decode_mma_families(unsigned families) { return mma_families().exchange(families & mma_all); }
 
 int gemv_lanes_per_row(int64_t n_chunks) {
     int L = 1;
