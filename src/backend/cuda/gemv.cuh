@@ -1,5 +1,6 @@
 // Matrix-vector products over device weights (q4/q8 affine or bf16), for a handful of input rows (decode,
-// small batches; larger T works, correct but not yet fast). Host launchers only; kernels are in gemv.cu.
+// small batches; larger T works, correct but not yet fast). Host launchers only; kernels are in gemv_*.cu, one
+// family per file, behind gemv.cu's dispatch.
 #pragma once
 #include <cuda_runtime.h>
 
