@@ -135,7 +135,7 @@ kernel_plan make_kernel_plan(const kernel_device& dev, const model_config* cfg, 
 
 std::string kernel_plan::describe(const char* indent) const {
     std::string s;
-    char b[512];
+    char b[1024];
     auto line = [&](const char* fmt, auto... args) {
         snprintf(b, sizeof b, fmt, args...);
         s += (s.empty() ? "" : std::string("\n") + indent) + b;
@@ -153,35 +153,26 @@ std::string kernel_plan::describe(const char* indent) const {
              (long long)n_experts, (long long)top_k, (long long)expert_inter, (long long)shared_inter);
     const bool fast = !precise;
     const bool int8 = fast && int8_inputs;
-    // dense products (projections, lm_head): gemv.cu's dispatch, in the order it tries them
-    line(
-        "1 row      dense: %s%s; 8-bit/bf16 rows: the whole-row ring (gemv_stream), else warp subgroups (gemv_general)",
-        mma(mma_gemv1) ? "tensor-core ring (gemv_mma) where it fits, else " : "",
-        int8 ? "4-bit rows: int8-input per-warp rings (gemv_warp; out_proj with the router tap)"
-             : "4-bit rows: the whole-row ring (gemv_stream)");
-    line("           moe: %s, %s; router in fp32 (gemv)%s",
-         mma(mma_gate_up) ? "gate/up on tensor cores (moe_decode_mma)"
-         : int8           ? "gate/up per-warp int8 (moe_decode_warp)"
-                          : "gate/up ring (moe_decode_stream)",
-         mma(mma_down) ? "down on tensor cores"
-         : int8        ? "down per-warp int8"
-                       : "down ring",
-         int8 && !mma(mma_gate_up) && !mma(mma_down) ? ", or from out_proj's tap (one token, no router launch)" : "");
-    line("2-%d rows  dense: %s; else warp subgroups (gemv_general)", k_gemm_min_rows - 1,
+    // in the order gemv.cu's and moe.cu's dispatch try them; each takes the shapes it supports
+    line("1 row      dense: %s%sgemv_stream where a row splits over 32 lanes, else gemv_general",
+         mma(mma_gemv1) ? "gemv_mma (tensor cores) where it fits, else " : "",
+         int8 ? "4-bit: gemv_warp (int8 inputs; out_proj with the router tap), else " : "");
+    line("2-%d rows  dense: %sgemv_general", k_gemm_min_rows - 1,
          fast && mma(mma_gemvn)
-             ? "4-bit rows on tensor cores, per warp from global memory (gemv_mma_warp), else the ring (gemv_mma), in "
-               "groups of 8 where 16 do not fit"
-             : "CUDA cores");
-    line("           moe: per-token experts as one row (gate/up, down), router in fp32 (gemv); top-k fused");
+             ? "4-bit: gemv_mma_warp (tensor cores, per warp), else gemv_mma (ring; groups of 8 where 16 rows do not "
+               "fit), else "
+             : "");
+    line("<= %d rows moe: gate/up %s%smoe_decode_stream (4-bit), else moe_route + moe_general; down %s%s"
+         "moe_decode_stream; router: an fp32 GEMV%s",
+         k_gemm_min_rows - 1, mma(mma_gate_up) ? "moe_decode_mma, else " : "",
+         int8 ? "moe_decode_warp (int8), else " : "", mma(mma_down) ? "moe_decode_mma, else " : "",
+         int8 ? "moe_decode_warp (int8), else " : "",
+         int8 ? ", or one token's from out_proj's tap" : "");
     line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s", k_gemm_min_rows,
-         k_gemm_wide_min_rows,
-         fast && wgmma() ? " (4-bit: wgmma)"
-         : fast          ? " (mma.sync)"
-                         : " (fast mode only)");
-    line(
-        "           moe: grouped GEMMs over expert-sorted rows (moe_grouped.cu), 128-row tiles once experts average "
-        "that many%s; shared expert on a side stream; router as a precise GEMM",
-        precise ? " (fast mode)" : "");
+         k_gemm_wide_min_rows, !fast ? " (fast mode only)" : wgmma() ? " (4-bit: wgmma)" : " (mma.sync)");
+    line("           moe: grouped GEMMs over expert-sorted rows (moe_grouped.cu)%s, shared expert on a side stream; "
+         "router: a precise GEMM",
+         fast ? ", 128-row tiles once experts average that many" : "");
     line(
         "attention  spans < %d rows: split-K decode (attention.cu); longer: flash prefill tiles (attention_prefill.cu)",
         k_attn_prefill_min_rows);
