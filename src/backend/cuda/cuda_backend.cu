@@ -1,6 +1,7 @@
 // The CUDA backend: device copies of the weights (4/8-bit affine as in the checkpoint, or bf16), fp32
 // activations, per-sequence state in one device allocation, every op as one to four kernels on one stream,
 // and CUDA-graph capture of whole decode steps. Which kernels run for which rows and shapes: kernel_plan.h.
+// (Over 700 lines: one class implementing backend.h, each op a short method over the launchers.)
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
