@@ -4,14 +4,16 @@
 #   scripts/device.sh [test|bench|serve-bench|all|gtest|profile|detail|source|gdn-check|ab|ab-multi|tokenizer] [extra bench args...]
 #   gtest: FILTER='cuda_gemm*' [MEMCHECK=1] scripts/device.sh gtest
 #   ab:    AB_PATCH=.carry/change.patch AB_REVERSE=1 scripts/device.sh ab --contexts 2048 --batches none --prompts none
-#          AB_ENV='TANSY_DECODE_INT8=0' scripts/device.sh ab   (B: the same binary under that environment)
+#          AB_ENV='TANSY_KERNELS=int8=off' scripts/device.sh ab   (B: the same binary under that environment;
+#          TANSY_KERNELS takes the --kernels syntax, src/backend/cuda/kernel_plan.h)
 #          AB_TEST_FILTER='cuda_ops.*:cuda_attention*' also runs those CUDA tests on the patched tree (B)
 #   ab-multi: AB_LIST='post-wait-loads post-wait-loads+gdn-norm-in-out-proj' [AB_TEST_FILTER=...] scripts/device.sh ab-multi [bench args]
 #          an item names a patch $AB_DIR/NAME.patch (default .carry/experiments; old ones come back with
 #          git show, docs/PERF.md "Method") ('+' applies them in order, -NAME one reversed); each variant is
 #          an incremental rebuild of this tree with its patches applied in place (then reverted), and the benches
 #          alternate over all variants (A B1 B2 ..) ${AB_ROUNDS:-2} times; NAMES@VAR=value,VAR2=value runs that
-#          build under that environment (built once per set of patches; '@VAR=value' alone: this tree's binary)
+#          build under that environment (built once per set of patches; '@VAR=value' alone: this tree's binary;
+#          several kernel switches: '@TANSY_KERNELS=int8=off;mma=all')
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true

@@ -3,8 +3,8 @@
 # does) and prints the functions whose mangled name matches REGEX (MIX=1: their instruction counts, summed). Needs
 # cuobjdump (and the nvdisasm it calls): from the CUDA toolkit when it has them, else from NVIDIA's PyPI wheels (pip
 # installs them into ~/.cache/tansy-cuobjdump once; the dev machine's toolkit ships nvcc and ptxas only).
-#   scripts/sass.sh src/backend/cuda/moe.cu 'down_warp_kernel' > /tmp/down.sass
-#   MIX=1 scripts/sass.sh src/backend/cuda/gemv.cu 'gemv_warp_kernelILi2ELi6ELb0'   (instruction counts only)
+#   scripts/sass.sh src/backend/cuda/moe_decode_warp.cu 'down_warp_kernel' > /tmp/down.sass
+#   MIX=1 scripts/sass.sh src/backend/cuda/gemv_warp.cu 'gemv_warp_kernelILi2ELi6ELb0'   (instruction counts only)
 set -euo pipefail
 file=${1:?usage: sass.sh FILE.cu REGEX}; pat=${2:?usage: sass.sh FILE.cu REGEX}
 root=$(cd "$(dirname "$0")/.." && pwd)

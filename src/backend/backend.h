@@ -217,6 +217,19 @@ class backend {
     // Device memory in use by this process (0 where not applicable), and a description of the device.
     virtual size_t device_memory_used() const { return 0; }
     virtual std::string device_name() const { return name(); }
+    // Which kernels run which op, in words (one decision a line, lines after the first start with indent).
+    virtual std::string kernel_summary(const char* indent = "") const {
+        (void)indent;
+        return std::string(name()) + ": one form of each op";
+    }
+};
+
+// Kernel-family switches of the CUDA backend for A/B runs (--kernels; cuda/kernel_plan.h): -1 keeps the plan's
+// default. The CPU backend has one form of each op and ignores them.
+struct kernel_options {
+    int mma_families = -1;  // decode families on tensor cores (bits of cuda::mma_family)
+    int int8_inputs = -1;   // 0/1: int8 inputs of the one-row 4-bit decode kernels
+    int gemm_wgmma = -1;    // 0/1: Hopper wgmma for the prompt GEMMs' 128-row tiles
 };
 
 struct backend_options {
@@ -227,6 +240,7 @@ struct backend_options {
     // KV cache in FP8 E4M3 with a power-of-two scale per (position, KV head) (core/fp8.h) instead of bf16: half
     // the cache's memory and bytes per decode step, ~2^-4 relative rounding of K and V (docs/QUALITY.md).
     bool kv_fp8 = false;
+    kernel_options kernels;
 };
 
 std::unique_ptr<backend> make_cpu_backend(const model_config& cfg, const backend_options& opt = {});

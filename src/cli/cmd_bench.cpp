@@ -93,8 +93,8 @@ int cmd_bench(int argc, char** argv) {
         eng = std::make_unique<engine>(eo);
         what = eng->mdl().dir;
     }
-    fprintf(stderr, "tansy bench: %s on %s\n  %s\n", what.c_str(), eng->be().device_name().c_str(),
-            eng->cfg().summary().c_str());
+    fprintf(stderr, "tansy bench: %s on %s\n  %s\n  %s\n", what.c_str(), eng->be().device_name().c_str(),
+            eng->cfg().summary().c_str(), eng->be().kernel_summary("  ").c_str());
     std::vector<bench_point> rows;
     auto measure = [&](int64_t B, int64_t ctx) {
         rows.push_back(bench_decode(*eng, B, ctx, o));

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "backend/cuda/kernel_plan.h"
 #include "cli/commands.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -37,7 +38,21 @@ void add_engine_options(arg_parser& p) {
         .option("--kv-cache", "TYPE",
                 "KV cache: bf16 (the default) or fp8 (E4M3 with a power-of-two scale per position and KV head: half "
                 "the memory and decode traffic of long contexts, ~2^-4 relative rounding of K and V)")
+        .option("--kernels", "KEY=VALUE,...",
+                "cuda kernel families, for A/B runs (the plan's choice otherwise; tansy info --backend cuda prints "
+                "it): mma=FAMILIES ('+'-joined gemv1, gemvn, gate_up, down, or all / none: decode products on tensor "
+                "cores; default gemvn), int8=on|off (int8 inputs of the one-row 4-bit decode kernels; default on), "
+                "wgmma=on|off (Hopper wgmma for the prompt GEMMs; default on)")
         .option("--verbose", "", "log loading details", "-v");
+}
+
+kernel_options kernel_options_from(const arg_parser& p) {
+    kernel_options k;
+    if (p.has("--kernels")) {
+        const std::string why = cuda::parse_kernel_options(p.str("--kernels"), &k);
+        if (!why.empty()) fail("--kernels: %s", why.c_str());
+    }
+    return k;
 }
 
 engine_options engine_options_from(const arg_parser& p) {
@@ -60,6 +75,7 @@ engine_options engine_options_from(const arg_parser& p) {
     else if (dn == "recurrent") o.gdn = gdn_mode::recurrent;
     else fail("--deltanet must be auto, chunked or recurrent, got '%s'", dn.c_str());
     o.backend_opt.kv_fp8 = kv_fp8_from(p.str("--kv-cache", "bf16"), "--kv-cache");
+    o.backend_opt.kernels = kernel_options_from(p);
     if (p.has("--verbose")) set_log_level(log_level::debug);
     return o;
 }
@@ -150,10 +166,20 @@ int cmd_generate(int argc, char** argv) {
 }
 
 int cmd_info(int argc, char** argv) {
-    arg_parser p("info", "[--model DIR]", "Loads a checkpoint and describes it.");
+    arg_parser p("info", "[--model DIR] [--backend NAME [--gemm MODE] [--kernels SPEC]]",
+                 "Loads a checkpoint and describes it; with --backend, also which kernels that backend runs for\n"
+                 "which rows and shapes (the CUDA backend's kernel plan, as --gemm and --kernels set it).");
     p.option("--model", "DIR|ORG/NAME[@REV]",
-             "checkpoint directory or Hugging Face repo id (local hub cache); default: the bundled tiny model");
+             "checkpoint directory or Hugging Face repo id (local hub cache); default: the bundled tiny model")
+        .option("--backend", "NAME", "cpu or cuda: print its kernel plan")
+        .option("--gemm", "MODE", "fast (the default) or precise, as for the commands that run the model")
+        .option("--kernels", "KEY=VALUE,...", "kernel families, as for the commands that run the model");
     if (!p.parse(argc, argv)) return 0;
+    backend_options bo;  // checked before the model is described: an error stays one line
+    const std::string gm = p.str("--gemm", "fast");
+    if (gm != "fast" && gm != "precise") fail("--gemm must be fast or precise, got '%s'", gm.c_str());
+    bo.precise_gemm = gm == "precise";
+    bo.kernels = kernel_options_from(p);
     std::string dir = model_path_arg(p, "--model", default_model_dir());
     model m = load_model(dir);
     size_t weight_bytes = 0;
@@ -167,6 +193,17 @@ int cmd_info(int argc, char** argv) {
     printf("eos ids   ");
     for (int32_t e : eos) printf(" %d", e);
     printf("\n");
+    if (p.has("--backend")) {
+        printf("kernels    ");
+        const std::string name = p.str("--backend");
+        if (name == "cuda") {  // no GPU is not an error here: say so
+            std::string why;
+            auto be = make_cuda_backend(m.cfg, bo, &why);
+            printf("%s\n", be ? be->kernel_summary("           ").c_str() : ("cuda unavailable: " + why).c_str());
+        } else {
+            printf("%s\n", make_backend(name, m.cfg, bo)->kernel_summary("           ").c_str());
+        }
+    }
     return 0;
 }
 

@@ -22,6 +22,8 @@ int cmd_bench_serve(int argc, char** argv);  // tansy bench --serve (cmd_bench h
 // --model, --backend, --threads: shared by every command that runs the model.
 void add_engine_options(arg_parser& p);
 engine_options engine_options_from(const arg_parser& p);
+// --kernels (cuda/kernel_plan.h syntax), or the defaults without it; a clear error on a bad spec.
+kernel_options kernel_options_from(const arg_parser& p);
 // The value of a KV-cache option (`option`, e.g. "--kv-cache"): true for fp8, false for bf16, else a clear error.
 bool kv_fp8_from(const std::string& value, const char* option);
 

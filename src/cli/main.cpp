@@ -38,7 +38,7 @@ const command k_commands[] = {
     {"tokenize", cmd_tokenize, "text -> token ids, or token ids -> text (--decode)"},
     {"render", cmd_render, "print the prompt an OpenAI-style chat request renders to (Qwen3.6 chat template)"},
     {"bench", cmd_bench, "decode throughput vs the memory roofline (real or synthetic full-size model); --serve: served speed"},
-    {"info", cmd_info, "describe a checkpoint: layout, configuration, sizes"},
+    {"info", cmd_info, "describe a checkpoint: layout, configuration, sizes; --backend: its kernel plan"},
 };
 
 void usage(FILE* f) {

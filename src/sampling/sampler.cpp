@@ -39,8 +39,8 @@ double sampler::uniform() { return sampling_math::rng_uniform(rng_); }  // split
 
 // The filters as defined: top-k on the logits, softmax at temperature over the survivors, then min-p (relative to
 // the best) and top-p (the shortest descending prefix reaching top_p of the survivors' mass), whichever keeps
-// fewer; then a draw. v1 sorted every token (17 ms a draw for a 248K vocabulary on one core: 280 ms a step for a
-// batch of 16); now one pass keeps the tokens that can matter and only those are ordered, only as far as needed:
+// fewer; then a draw. Sorting the whole vocabulary for every draw would cost milliseconds per token at 248K ids,
+// so one pass keeps the tokens that can matter and only those are ordered, only as far as needed:
 //  - a token whose probability is below e^-40 (sampling_math::k_cut) of the best's cannot change a sum whose
 //    largest term is the best's (e^-40 x 248K < 2^-24 relative): dropped up front (its own chance is < 1e-11);
 //  - without top-p, min-p is the same kind of cut: p_i >= min_p p_best <=> (l_i - l_best) / T >= ln(min_p);

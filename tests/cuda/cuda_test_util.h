@@ -17,8 +17,9 @@
 
 namespace tansy::test {
 
-// Runs a test body with a process-wide decode setting changed (Set returns the previous value), restoring it
-// after: tests cover every form whatever the default.
+// Runs a test body with a switch of the active kernel plan changed (Set returns the previous value), restoring
+// it after: tests cover every form whatever the default. Open the scope after making the backends it is meant
+// for: making a CUDA backend sets the active plan (kernel_plan.h).
 template <class T, T (*Set)(T)>
 struct setting_scope {
     explicit setting_scope(T v) : prev(Set(v)) {}

@@ -358,9 +358,9 @@ TEST(cuda_gemm_ops, tiny_shapes) {
     for (bool precise : {false, true})
         for (bool wg : test::gemm_wgmma_modes()) {
             if (precise && wg) continue;  // precise mode has one kernel
-            test::gemm_wgmma_scope kernel(wg);
-            SCOPED_TRACE(test::gemm_kernel_name(wg));
             auto p = test::make_pair(test::tiny_config(), precise);
+            test::gemm_wgmma_scope kernel(wg);  // after the backend: making one sets the active kernel plan
+            SCOPED_TRACE(test::gemm_kernel_name(wg));
             check_many_rows(*p, precise, {16, 77, 300, 600});
         }
 }
@@ -370,9 +370,9 @@ TEST(cuda_gemm_ops, real_shapes) {
     for (bool precise : {false, true})
         for (bool wg : test::gemm_wgmma_modes()) {
             if (precise && wg) continue;  // precise mode has one kernel
-            test::gemm_wgmma_scope kernel(wg);
-            SCOPED_TRACE(test::gemm_kernel_name(wg));
             auto p = test::make_pair(test::real_config(), precise);
+            test::gemm_wgmma_scope kernel(wg);  // after the backend: making one sets the active kernel plan
+            SCOPED_TRACE(test::gemm_kernel_name(wg));
             if (precise)
                 check_many_rows(*p, precise, {16, 77, 300});
             else  // 600 rows: the dense projections on 128-row tiles (wgmma) at the real widths

@@ -66,6 +66,9 @@ TEST(cli, errors_are_one_line_with_exit_1) {
         "logits --ids-file " + d + "/ids.txt --out " + d + "/x.safetensors --prefill-chunk -3",
         "generate --ids-file " + d + "/ids.txt --gemm exact",
         "generate --ids-file " + d + "/ids.txt --kv-cache int8",
+        "generate --ids-file " + d + "/ids.txt --kernels mma=gemv2",
+        "generate --ids-file " + d + "/ids.txt --kernels int8=maybe",
+        "info --backend cuda --kernels tiles=64",
         "eval --ids-file " + d + "/ids.txt --compare-kv-cache fp4",
         "bench --prompts 0",
         "bench --prompts 256,x",
@@ -78,6 +81,17 @@ TEST(cli, errors_are_one_line_with_exit_1) {
         EXPECT_EQ(lines(out), 1) << c << "\n" << out;
         EXPECT_EQ(out.rfind("tansy", 0), 0u) << out;
     }
+}
+
+TEST(cli, info_prints_the_kernel_plan) {
+    std::string out = stdout_only("info --backend cpu");
+    EXPECT_NE(out.find("kernels    cpu: fp32 reference"), std::string::npos) << out;
+    // with or without a GPU (then it says why there is no plan), and with the options that set the plan
+    out = stdout_only("info --backend cuda --kernels mma=all,int8=off,wgmma=off");
+    const bool gpu = out.find("kernels    cuda unavailable") == std::string::npos;
+    EXPECT_NE(out.find(gpu ? "mma=all int8=off wgmma=off (--kernels)" : "kernels    cuda unavailable: "),
+              std::string::npos)
+        << out;
 }
 
 TEST(cli, logits_generate_eval_on_the_mlx_fixture) {

@@ -54,6 +54,9 @@ class cpu_backend final : public backend {
   public:
     cpu_backend(const model_config& cfg, const backend_options& opt) : cfg_(cfg), kv_fp8_(opt.kv_fp8) {}
     const char* name() const override { return "cpu"; }
+    std::string kernel_summary(const char*) const override {
+        return "cpu: fp32 reference (plain loops, OpenMP), one form of each op; --kernels does not apply";
+    }
     dtype act_type() const override { return dtype::f32; }
     void bind(const model& m) override {
         if (m.synthetic) fail("the cpu backend needs host weights; build the synthetic model with materialize=true");

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "backend/cuda/kernel_plan.h"
 #include "backend/cuda/seq_layout.h"
 
 namespace tansy::cuda {
@@ -38,12 +39,9 @@ struct attn_params {
 
 // Writes p.q and appends K/V of every row at its position (n_past of its sequence + offset).
 void attention_prep(const attn_params& p, cudaStream_t stream);
-// Rows of spans of at least this many rows go to attention_prefill, the others to attention_decode.
-// note: 16 rows keep a 64-row tensor-core tile at least a quarter busy; below that the decode path, which
-// walks the context once per row, is cheap enough. (Without p.spans every row goes to attention_decode.)
-constexpr int k_attn_prefill_min_rows = 16;
 
-// Split-K partials then the combine (with the output gate) into p.out, for the rows of short spans.
+// Rows of spans of at least k_attn_prefill_min_rows rows (kernel_plan.h) go to attention_prefill, the others here:
+// split-K partials then the combine (with the output gate) into p.out, for the rows of short spans.
 void attention_decode(const attn_params& p, cudaStream_t stream);
 // Causal flash attention (tensor cores) with the output gate into p.out, for the rows of long spans. Run
 // after attention_prep, with attention_decode, on the same params: each writes only its own rows.

@@ -227,8 +227,8 @@ __device__ __forceinline__ void stage_x(float (&xv)[CPL][CH], float (&sx)[CPL], 
 }
 
 // Inverse RMS of T (<= 16) rows of n floats (n % 4 == 0), computed by the whole block with 16-byte loads:
-// one memory round trip per RT rows instead of a serial walk (one per row took ~11 us for a 16-row decode
-// batch). Result in s_inv[t]; ends with a barrier. Each row's sum runs in the same order whatever T and RT are.
+// one memory round trip per RT rows instead of a serial walk (one round trip per row: a 16-row decode batch
+// would wait for 16 in a row). Result in s_inv[t]; ends with a barrier. Each row's sum runs in the same order whatever T and RT are.
 template <int RT = 4>  // rows whose loads are in flight together (registers: 8 RT per pass, unrolled twice)
 __device__ __forceinline__ void block_inv_rms_rows(float* s_inv, const float* x, int64_t ldx, int T, int64_t n,
                                                    float eps) {

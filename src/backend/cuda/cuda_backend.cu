@@ -1,6 +1,7 @@
 // The CUDA backend: device copies of the weights (4/8-bit affine as in the checkpoint, or bf16), fp32
 // activations, per-sequence state in one device allocation, every op as one to four kernels on one stream,
-// and CUDA-graph capture of whole decode steps. Kernels live in gemv/moe/attention/gdn/misc.cu.
+// and CUDA-graph capture of whole decode steps. Which kernels run for which rows and shapes: kernel_plan.h.
+// (Over 700 lines: one class implementing backend.h, each op a short method over the launchers.)
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -15,9 +16,11 @@
 #include "backend/cuda/gdn.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/kernel_plan.h"
 #include "backend/cuda/misc.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/sample.cuh"
+#include "backend/cuda/stream.cuh"
 #include "backend/cuda/weights_dev.h"
 #include "core/fp8.h"
 #include "core/log.h"
@@ -168,6 +171,15 @@ class cuda_backend final : public backend {
     void set_synthetic(uint64_t seed, float router_skew) { synth_seed_ = seed, synth_skew_ = router_skew; }
     void set_precise_gemm(bool on) { precise_gemm_ = on; }
     void set_kv_fp8(bool on) { sh_.kv8 = on; }  // before the first new_state
+    // Decides the kernels once (kernel_plan.h) and makes this plan the launchers' (one backend per process).
+    void set_plan(const backend_options& opt) {
+        kernel_device d;
+        d.name = cuda::device_name(0), d.cc = device_compute_capability(0), d.sms = sm_count();
+        d.smem_optin = max_dynamic_smem(), d.wgmma = gemm_wgmma_available();
+        plan_ = make_kernel_plan(d, &cfg_, opt.precise_gemm, opt.kernels);
+        set_active_kernel_plan(plan_);
+    }
+    std::string kernel_summary(const char* indent) const override { return plan_.describe(indent); }
     uint64_t memory_epoch() const override { return epoch_; }
 
     buffer alloc(int64_t rows, int64_t cols, dtype t) override {
@@ -258,7 +270,7 @@ class cuda_backend final : public backend {
         // norm all T rows: it is normalised once first.
         const bool lone = Ws.size() == 1 && !weights_.grouped(*Ws[0]);
         const bool lone_prologue = lone && !precise_gemm_ && weights_.mat(*Ws[0]).fmt == dfmt::q4;
-        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows || (lone && !lone_prologue)) {  // normalise once
+        if (T > k_gemv_max_norm_rows || plan_.use_gemm(T) || (lone && !lone_prologue)) {  // normalise once
             float* a = ws_norm_.ensure((size_t)x.numel());
             rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
             xin = a, nw = nullptr;
@@ -339,7 +351,7 @@ class cuda_backend final : public backend {
         const device_weights::moe_dev& md = weights_.moe(w);
         const float* nw = weights_.vec(norm);
         const float* xin = f32(x);
-        if (T > k_gemv_max_norm_rows || T >= k_gemm_min_rows) {
+        if (T > k_gemv_max_norm_rows || plan_.use_gemm(T)) {
             float* a = ws_norm_.ensure((size_t)x.numel());
             rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
             xin = a, nw = nullptr;
@@ -585,8 +597,8 @@ class cuda_backend final : public backend {
     // The router tap's fixed-point logits [E + 1] (stride k_tap_stride): zero at allocation, and zeroed again by moe_down after each use.
     unsigned long long* tap_logits() { return (unsigned long long*)tap_.get(); }
 
-    static bool use_gemm(int T, std::initializer_list<const dmat*> Ws) {
-        if (T < k_gemm_min_rows) return false;
+    bool use_gemm(int T, std::initializer_list<const dmat*> Ws) const {
+        if (!plan_.use_gemm(T)) return false;
         for (const dmat* W : Ws)
             if (!gemm_supports(*W)) return false;
         return true;
@@ -724,11 +736,6 @@ class cuda_backend final : public backend {
         batch_shape_.capacity = cap;
     }
 
-    // From this many rows on (prompts, decode batches of 17+), matrix products run on the tensor-core GEMMs
-    // (fp16 or split-bf16 inputs, fp32 accumulation) and read each weight once for all rows; below it, the
-    // decode kernels (dense rows in groups of 8 on tensor cores, experts per token). At 16 rows the decode
-    // kernels measured faster than the GEMMs (docs/PERF.md).
-    static constexpr int k_gemm_min_rows = 17;
     static constexpr size_t k_min_batch_tables = 512;
     // SwiGLU outputs (the down projections' inputs) are where large activations live: scaled by 2^-4 before the
     // fp16 conversion they fit up to ~1e6; values below 2^-10 lose relative precision, which their products
@@ -736,6 +743,7 @@ class cuda_backend final : public backend {
     static constexpr float k_down_a_scale = 1.0f / 16.0f;
 
     model_config cfg_;
+    kernel_plan plan_;  // which kernel family runs each op, by rows and shape (set_plan)
     cudaStream_t stream_ = nullptr;
     cudaStream_t side_ = nullptr;  // independent work forked from stream_ (the shared expert of prompt steps)
     cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr;
@@ -779,6 +787,7 @@ std::unique_ptr<backend> make_cuda_backend(const model_config& cfg, const backen
     be->set_synthetic(opt.synthetic_seed, opt.router_skew);
     be->set_precise_gemm(opt.precise_gemm);
     be->set_kv_fp8(opt.kv_fp8);
+    be->set_plan(opt);
     return be;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/kernel_plan.h"
 #include "backend/cuda/seq_layout.h"
 
 namespace tansy::cuda {
@@ -44,11 +45,8 @@ struct gdn_params {
     float* out = nullptr;  // [T, Hv*dv] gated-normed
 };
 
-// Spans of at most this many rows take the token-by-token decode kernel; longer ones the prep + scan path.
-// note: the decode kernel costs ~1-2 us per token and layer, the prefill path two extra launches (a few us)
-// and then ~0.1 us per token, so the crossover lies at a few tokens; 16 keeps short speculative/verification
-// spans on the latency-tuned kernel and must stay >= K-1 (a long span's new conv window is its own rows).
-constexpr int k_gdn_recur_max_rows = 16;
+// Spans of at most k_gdn_recur_max_rows rows (kernel_plan.h) take the token-by-token decode kernel; longer ones
+// the prep + scan path.
 
 constexpr int k_gdn_chunk = 64;  // rows per chunk of the chunk-parallel form (MODEL.md §4.7)
 

@@ -11,9 +11,6 @@
 // scaled by a power of two per call site and saturate rather than overflow. Why fast: the kernel is bound by its
 // shared-memory load path, so the ring keeps it fed and each A tile is converted once, not per CTA.
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_tile.cuh"
@@ -324,8 +321,6 @@ void launch_epi(const gemm_params& p, cudaStream_t stream) {
     }
 }
 
-std::atomic<int> g_wgmma{-1};  // -1: not decided yet (TANSY_GEMM_WGMMA)
-
 }  // namespace
 
 bool gemm_wgmma_available() {
@@ -336,17 +331,11 @@ bool gemm_wgmma_available() {
 #endif
 }
 
-bool gemm_wgmma_enabled() {
-    if (g_wgmma.load() < 0) {
-        const char* e = std::getenv("TANSY_GEMM_WGMMA");
-        g_wgmma = !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0)) ? 1 : 0;
-    }
-    return g_wgmma.load() == 1 && gemm_wgmma_available();
-}
+bool gemm_wgmma_enabled() { return gemm_wgmma_requested() && gemm_wgmma_available(); }
 
 bool set_gemm_wgmma(bool on) {
     const bool prev = gemm_wgmma_enabled();
-    g_wgmma = on ? 1 : 0;
+    set_gemm_wgmma_requested(on);
     return prev;
 }
 

@@ -16,8 +16,8 @@ namespace tansy::cuda {
 
 // Rows of the A operand (tokens or token slots) per tile, and W rows (output columns) per tile.
 constexpr int k_gemm_bm = 64, k_gemm_bn = 128;
-// Dense fast GEMMs of at least this many rows take 128-row tiles (fewer would leave SMs idle).
-constexpr int k_gemm_wide_min_rows = 512;
+// Dense fast GEMMs of at least k_gemm_wide_min_rows rows (kernel_plan.h) take 128-row tiles (fewer would leave SMs
+// idle).
 
 // What the kernel does with a tile's accumulators.
 enum class gemm_epilogue : uint8_t {
@@ -75,8 +75,9 @@ bool gemm_supports(const dmat& W);
 bool gemm_wide_tiles_fit(dfmt f);
 
 // The fast mode's 4-bit GEMMs with 128-row tiles run on wgmma (sm90/gemm_wgmma.cu) where the build has it (architecture 90 among
-// TANSY_CUDA_ARCHS) and the device is compute capability 9.0, else on mma.sync. TANSY_GEMM_WGMMA=0 (or off)
-// keeps mma.sync, for A/B; set_gemm_wgmma overrides it (tests run both) and returns the previous setting.
+// TANSY_CUDA_ARCHS) and the device is compute capability 9.0, else on mma.sync. The kernel plan's wgmma switch
+// (--kernels wgmma=off) keeps mma.sync, for A/B; set_gemm_wgmma overrides it (tests run both) and returns the
+// previous setting.
 bool gemm_wgmma_available();
 bool gemm_wgmma_enabled();
 bool set_gemm_wgmma(bool on);

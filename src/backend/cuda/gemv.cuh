@@ -1,11 +1,13 @@
 // Matrix-vector products over device weights (q4/q8 affine or bf16), for a handful of input rows (decode,
-// small batches; larger T works, correct but not yet fast). Host launchers only; kernels are in gemv.cu.
+// small batches; larger T works, correct but not yet fast). Host launchers only; kernels are in gemv_*.cu, one
+// family per file, behind gemv.cu's dispatch.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/kernel_plan.h"
 
 namespace tansy::cuda {
 
@@ -68,25 +70,12 @@ struct gemv_params {
     gemv_router_tap tap;      // used when tap.logits is set (gemv_router_tap_supports)
 };
 
-constexpr int k_gemv_max_norm_rows = 16;
-
 // CPU twin: cpu::matmul (+ cpu::rms_norm for the norm prologue).
 void gemv(const gemv_params& p, cudaStream_t stream);
 
-// Which decode kernel families run on tensor cores (mma_dot.cuh) when the shapes allow: bits of mma_family.
-// Default k_mma_default_families, or the environment's TANSY_DECODE_MMA (a comma list of gemv1, gemvn, gate_up,
-// down, or all / none: for A/B measurements and as a way around a suspected kernel problem). Tests set it to run
-// both forms. Set it before capturing a CUDA graph: captured launches keep their kernels.
-enum mma_family : unsigned { mma_gemv1 = 1, mma_gemvn = 2, mma_gate_up = 4, mma_down = 8, mma_all = 15 };
-unsigned decode_mma_families();
-unsigned set_decode_mma_families(unsigned families);  // returns the previous set
-
-// Whether the one-row decode kernels of 4-bit rows take their input as two-level int8 (xq.cuh: dp4a dot
-// products) in fast mode (f16 inputs). Default on; the environment's TANSY_DECODE_INT8=0 turns it off (A/B
-// measurements; the fp16-input kernels then run). Tests set it to run both forms. Set it before capturing a graph.
-bool decode_int8_inputs();
-bool set_decode_int8_inputs(bool on);  // returns the previous setting
-// Whether gemv(p) takes that path (its result then differs from the fp16-input twin by xq.cuh's quantisation).
+// The kernel families gemv() may take (tensor cores per mma_family, int8 inputs) are the active kernel plan's
+// (kernel_plan.h: decode_mma_families, decode_int8_inputs).
+// Whether gemv(p) takes the int8-input path (its result then differs from the fp16-input twin by xq.cuh's quantisation).
 bool gemv_int8_inputs(const gemv_params& p);
 
 // Whether gemv(p) can run p.tap: one input row on the int8 per-warp kernel with one row per warp (a block's 16 rows

@@ -1,4 +1,4 @@
-// The MoE router's top-k for one token in one warp (device code; moe.cu).
+// The MoE router's top-k for one token in one warp (device code; moe_route.cu and the decode families' fused top-k).
 #pragma once
 #include <climits>
 

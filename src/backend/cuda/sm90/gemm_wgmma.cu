@@ -1,7 +1,7 @@
 // Hopper (sm_90a) form of the fast-mode GEMM for 4-bit weights: the same contract, tiles, cp.async ring and
 // epilogues as gemm_fast_kernel (gemm.cu), with the products on wgmma instead of mma.sync. Built for sm_90a only
-// (CMakeLists.txt); gemm() takes it on compute capability 9.0 unless TANSY_GEMM_WGMMA=0. 128-row tiles only
-// (64-row tiles, m64n64k16, measured slower than mma.sync: they stay there).
+// (CMakeLists.txt); gemm() takes it on compute capability 9.0 unless the kernel plan says wgmma=off. 128-row
+// tiles only (64-row tiles, m64n64k16, measured slower than mma.sync: they stay there).
 // 256 threads = two warpgroups; warpgroup g takes tile rows 64g .. 64g+63 against all 128 W rows (m64n128k16, 64
 // accumulators per thread). A (fp16) and the dequantised W tile sit in shared memory in the 128-byte-swizzled
 // K-major layout wgmma reads through matrix descriptors (16-byte chunk c of row r at chunk c ^ (r % 8), atoms of

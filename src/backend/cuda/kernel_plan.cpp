@@ -1,0 +1,206 @@
+// kernel_plan.h: the plan's builder, its description, the --kernels parser, and the one place the environment
+// (TANSY_KERNELS, a debug override) is read below the CLI.
+#include "backend/cuda/kernel_plan.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/backend.h"
+#include "core/check.h"
+#include "model/config.h"
+
+namespace tansy::cuda {
+
+namespace {
+
+std::string families_name(unsigned f) {
+    if ((f & mma_all) == 0) return "none";
+    if ((f & mma_all) == mma_all) return "all";
+    std::string s;
+    const std::pair<unsigned, const char*> names[] = {
+        {mma_gemv1, "gemv1"}, {mma_gemvn, "gemvn"}, {mma_gate_up, "gate_up"}, {mma_down, "down"}};
+    for (const auto& [bit, name] : names)
+        if (f & bit) s += (s.empty() ? "" : "+") + std::string(name);
+    return s;
+}
+
+// '+'-joined family names; false on an unknown one (named in *bad).
+bool parse_families(const std::string& v, unsigned* out, std::string* bad) {
+    unsigned m = 0;
+    for (size_t i = 0; i <= v.size();) {
+        size_t j = v.find('+', i);
+        if (j == std::string::npos) j = v.size();
+        const std::string t = v.substr(i, j - i);
+        if (t == "all" || t == "1")
+            m |= mma_all;
+        else if (t == "gemv1")
+            m |= mma_gemv1;
+        else if (t == "gemvn")
+            m |= mma_gemvn;
+        else if (t == "gate_up")
+            m |= mma_gate_up;
+        else if (t == "down")
+            m |= mma_down;
+        else if (!(t == "none" || t == "0" || t.empty())) {
+            *bad = t;
+            return false;
+        }
+        i = j + 1;
+    }
+    *out = m;
+    return true;
+}
+
+int parse_on_off(const std::string& v) {
+    if (v == "on" || v == "1") return 1;
+    if (v == "off" || v == "0") return 0;
+    return -1;
+}
+
+void apply(const kernel_options& o, kernel_plan& p) {
+    if (o.mma_families >= 0) p.mma_families = (unsigned)o.mma_families & mma_all;
+    if (o.int8_inputs >= 0) p.int8_inputs = o.int8_inputs != 0;
+    if (o.gemm_wgmma >= 0) p.gemm_wgmma = o.gemm_wgmma != 0;
+}
+
+bool any(const kernel_options& o) { return o.mma_families >= 0 || o.int8_inputs >= 0 || o.gemm_wgmma >= 0; }
+
+// TANSY_KERNELS: the debug override, on top of whatever the options chose. A malformed value aborts (it is set by
+// hand for a measurement; silently ignoring it would measure the wrong kernels).
+void apply_env(kernel_plan& p) {
+    const char* v = std::getenv("TANSY_KERNELS");
+    if (!v || !*v) return;
+    kernel_options o;
+    const std::string why = parse_kernel_options(v, &o);
+    TANSY_CHECK(why.empty(), "TANSY_KERNELS=%s: %s", v, why.c_str());
+    apply(o, p);
+    p.source += std::string(p.source.empty() ? "" : ", ") + "TANSY_KERNELS=" + v;
+}
+
+kernel_plan default_plan() {
+    kernel_plan p;
+    apply_env(p);
+    return p;
+}
+
+kernel_plan& active() {
+    static kernel_plan p = default_plan();
+    return p;
+}
+
+}  // namespace
+
+std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
+    for (size_t i = 0; i <= spec.size();) {
+        size_t j = spec.find_first_of(",;", i);
+        if (j == std::string::npos) j = spec.size();
+        const std::string item = spec.substr(i, j - i);
+        i = j + 1;
+        if (item.empty()) continue;
+        const size_t eq = item.find('=');
+        if (eq == std::string::npos) return "'" + item + "' is not KEY=VALUE (keys: mma, int8, wgmma)";
+        const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
+        if (key == "mma") {
+            unsigned f = 0;
+            std::string bad;
+            if (!parse_families(val, &f, &bad))
+                return "mma: unknown kernel family '" + bad + "' (gemv1, gemvn, gate_up, down, all, none)";
+            opt->mma_families = (int)f;
+        } else if (key == "int8" || key == "wgmma") {
+            const int b = parse_on_off(val);
+            if (b < 0) return key + " must be on or off, got '" + val + "'";
+            (key == "int8" ? opt->int8_inputs : opt->gemm_wgmma) = b;
+        } else {
+            return "unknown key '" + key + "' (mma, int8, wgmma)";
+        }
+    }
+    return "";
+}
+
+kernel_plan make_kernel_plan(const kernel_device& dev, const model_config* cfg, bool precise,
+                             const kernel_options& opt) {
+    kernel_plan p;
+    p.dev = dev;
+    p.precise = precise;
+    if (cfg) {
+        p.hidden = cfg->hidden, p.expert_inter = cfg->expert_inter, p.shared_inter = cfg->shared_inter;
+        p.n_experts = cfg->n_experts, p.top_k = cfg->top_k;
+    }
+    p.source = any(opt) ? "--kernels" : "";
+    apply(opt, p);
+    apply_env(p);
+    if (p.source.empty()) p.source = "defaults";
+    return p;
+}
+
+std::string kernel_plan::describe(const char* indent) const {
+    std::string s;
+    char b[1024];
+    auto line = [&](const char* fmt, auto... args) {
+        snprintf(b, sizeof b, fmt, args...);
+        s += (s.empty() ? "" : std::string("\n") + indent) + b;
+    };
+    if (!dev.name.empty())
+        line("device     %s: compute capability %d.%d, %d SMs, %zu KB shared memory per block", dev.name.c_str(),
+             dev.cc / 10, dev.cc % 10, dev.sms, dev.smem_optin / 1024);
+    line("switches   mma=%s int8=%s wgmma=%s (%s)%s", families_name(mma_families).c_str(), int8_inputs ? "on" : "off",
+         gemm_wgmma ? "on" : "off", source.c_str(),
+         gemm_wgmma && !wgmma() ? "; wgmma: not in this build or not on this device" : "");
+    line("mode       %s", precise ? "precise (--gemm precise): split-bf16 GEMM operands, fp32 decode inputs"
+                                  : "fast: fp16 GEMM operands; decode inputs rounded to fp16 as the GEMMs' are");
+    if (hidden > 0)
+        line("model      hidden %lld, experts %lld (top %lld) of width %lld, shared expert %lld", (long long)hidden,
+             (long long)n_experts, (long long)top_k, (long long)expert_inter, (long long)shared_inter);
+    const bool fast = !precise;
+    const bool int8 = fast && int8_inputs;
+    // in the order gemv.cu's and moe.cu's dispatch try them; each takes the shapes it supports
+    line("1 row      dense: %s%sgemv_stream where a row splits over 32 lanes, else gemv_general",
+         mma(mma_gemv1) ? "gemv_mma (tensor cores) where it fits, else " : "",
+         int8 ? "4-bit: gemv_warp (int8 inputs; out_proj with the router tap), else " : "");
+    line("2-%d rows  dense: %sgemv_general", k_gemm_min_rows - 1,
+         fast && mma(mma_gemvn)
+             ? "4-bit: gemv_mma_warp (tensor cores, per warp), else gemv_mma (ring; groups of 8 where 16 rows do not "
+               "fit), else "
+             : "");
+    line("<= %d rows moe: gate/up %s%smoe_decode_stream (4-bit), else moe_route + moe_general; down %s%s"
+         "moe_decode_stream; router: an fp32 GEMV%s",
+         k_gemm_min_rows - 1, mma(mma_gate_up) ? "moe_decode_mma, else " : "",
+         int8 ? "moe_decode_warp (int8), else " : "", mma(mma_down) ? "moe_decode_mma, else " : "",
+         int8 ? "moe_decode_warp (int8), else " : "",
+         int8 ? ", or one token's from out_proj's tap" : "");
+    line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s", k_gemm_min_rows,
+         k_gemm_wide_min_rows, !fast ? " (fast mode only)" : wgmma() ? " (4-bit: wgmma)" : " (mma.sync)");
+    line("           moe: grouped GEMMs over expert-sorted rows (moe_grouped.cu)%s, shared expert on a side stream; "
+         "router: a precise GEMM",
+         fast ? ", 128-row tiles once experts average that many" : "");
+    line(
+        "attention  spans < %d rows: split-K decode (attention.cu); longer: flash prefill tiles (attention_prefill.cu)",
+        k_attn_prefill_min_rows);
+    line("deltanet   spans <= %d rows: recurrent (gdn.cu); longer: chunk-parallel (gdn_prefill.cu) unless --deltanet",
+         k_gdn_recur_max_rows);
+    return s;
+}
+
+const kernel_plan& active_kernel_plan() { return active(); }
+void set_active_kernel_plan(const kernel_plan& plan) { active() = plan; }
+
+unsigned decode_mma_families() { return active().mma_families; }
+unsigned set_decode_mma_families(unsigned families) {
+    const unsigned prev = active().mma_families;
+    active().mma_families = families & mma_all;
+    return prev;
+}
+bool decode_int8_inputs() { return active().int8_inputs; }
+bool set_decode_int8_inputs(bool on) {
+    const bool prev = active().int8_inputs;
+    active().int8_inputs = on;
+    return prev;
+}
+bool gemm_wgmma_requested() { return active().gemm_wgmma; }
+bool set_gemm_wgmma_requested(bool on) {
+    const bool prev = active().gemm_wgmma;
+    active().gemm_wgmma = on;
+    return prev;
+}
+
+}  // namespace tansy::cuda

@@ -1,0 +1,102 @@
+// The CUDA backend's kernel plan: which kernel family runs each op for a given row count and shape, decided once
+// when the backend is made (from the device, the model and backend_options::kernels, i.e. --kernels) and printed
+// by `tansy info --backend cuda` and the bench header (llama.cpp's per-op choice in one function; FlashInfer's
+// plan/run split). Launchers read the process's active plan (active_kernel_plan) for the switches below; the
+// row-count boundaries are compile-time where they size kernels' shared arrays. TANSY_KERNELS (the --kernels
+// syntax) is the one debug override of the environment, read in kernel_plan.cpp alone.
+// Plain C++ with no CUDA header: built into every configuration (the CLI parses --kernels without CUDA too).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace tansy {
+struct kernel_options;
+struct model_config;
+}  // namespace tansy
+
+namespace tansy::cuda {
+
+// ---- Row-count boundaries (the rows of one forward call: decode tokens of a batch, or prompt tokens)
+
+// Dense and MoE products of at least this many rows run on the tensor-core GEMMs (gemm.cu, moe_grouped.cu), which
+// read each weight once for all rows; below it, the decode kernels (gemv_*.cu, moe_decode_*.cu). At 16 rows the
+// decode kernels measured faster than the GEMMs (docs/PERF.md).
+constexpr int k_gemm_min_rows = 17;
+// From this many rows, dense GEMMs take 128-row tiles where they fit (wgmma on Hopper when enabled).
+constexpr int k_gemm_wide_min_rows = 512;
+// The GEMV's RMS-norm prologue handles up to this many rows (a shared array's size); more are normalised first.
+constexpr int k_gemv_max_norm_rows = 16;
+// The tensor-core GEMV takes up to 16 input rows (two mma n-groups of 8); a batch the 16-row form cannot hold
+// runs in groups of 8.
+constexpr int k_mma_max_tokens = 16, k_mma_group_tokens = 8;
+// Attention: rows of spans of at least this many rows go to attention_prefill, the others to attention_decode.
+// note: 16 rows keep a 64-row tensor-core tile at least a quarter busy; below that the decode path, which walks
+// the context once per row, is cheap enough. (Without spans every row goes to attention_decode.)
+constexpr int k_attn_prefill_min_rows = 16;
+// DeltaNet: spans of at most this many rows run the recurrent kernel, longer ones the chunked prefill path.
+// note: the decode kernel costs ~1-2 us per token and layer, the prefill path two extra launches (a few us) and
+// then ~0.1 us per token, so the crossover lies at a few tokens; 16 keeps short speculative/verification spans
+// on the latency-tuned kernel and must stay >= K-1 (a long span's new conv window is its own rows).
+constexpr int k_gdn_recur_max_rows = 16;
+
+// ---- Kernel-family switches
+
+// Which decode kernel families run on tensor cores (mma_dot.cuh) where the shapes allow: bits of
+// kernel_plan::mma_families. Default: gemvn (a decode batch's 2..16 rows share one dequantisation); one row stays
+// on the CUDA-core kernels, which measured faster for it (docs/PERF.md).
+enum mma_family : unsigned { mma_gemv1 = 1, mma_gemvn = 2, mma_gate_up = 4, mma_down = 8, mma_all = 15 };
+constexpr unsigned k_mma_default_families = mma_gemvn;
+
+// What the device offers the plan (filled by the CUDA backend; empty in a plan made without a device).
+struct kernel_device {
+    std::string name;
+    int cc = 0;             // 10 * major + minor (90: H100/H200)
+    int sms = 0;            // streaming multiprocessors
+    size_t smem_optin = 0;  // dynamic shared memory a block may opt in to, bytes
+    bool wgmma = false;     // the wgmma GEMM is in this build (90 among TANSY_CUDA_ARCHS) and runs here (cc 9.0)
+};
+
+struct kernel_plan {
+    kernel_device dev;
+    bool precise = false;  // backend_options::precise_gemm: split-bf16 GEMMs, fp32 decode inputs
+    // the model's main shapes (0 when the plan was made without a model)
+    int64_t hidden = 0, expert_inter = 0, shared_inter = 0, n_experts = 0, top_k = 0;
+    unsigned mma_families = k_mma_default_families;  // mma_family bits
+    bool int8_inputs = true;  // fast mode's one-row 4-bit decode kernels take x as two-level int8 (xq.cuh, dp4a)
+    bool gemm_wgmma = true;   // fast-mode 4-bit GEMMs of 128-row tiles on wgmma where built and on cc 9.0
+    std::string source = "defaults";  // where the switches came from: defaults, --kernels, TANSY_KERNELS
+
+    bool mma(mma_family f) const { return (mma_families & f) != 0; }
+    bool wgmma() const { return gemm_wgmma && dev.wgmma; }
+    static bool use_gemm(int64_t rows) { return rows >= k_gemm_min_rows; }
+    // The plan in words, one decision a line, each line starting with `indent` (after the first).
+    std::string describe(const char* indent = "") const;
+};
+
+// The plan for a device, a model (may be null) and the options; then TANSY_KERNELS applied on top.
+kernel_plan make_kernel_plan(const kernel_device& dev, const model_config* cfg, bool precise,
+                             const kernel_options& opt);
+
+// The plan the launchers consult: set by the CUDA backend when it is made; before that (op tests), the defaults
+// with TANSY_KERNELS applied. Set it before capturing a CUDA graph: captured launches keep their kernels.
+const kernel_plan& active_kernel_plan();
+void set_active_kernel_plan(const kernel_plan& plan);
+
+// The active plan's switches one at a time; each setter returns the previous value (tests run every form).
+unsigned decode_mma_families();
+unsigned set_decode_mma_families(unsigned families);
+bool decode_int8_inputs();
+bool set_decode_int8_inputs(bool on);
+bool gemm_wgmma_requested();
+bool set_gemm_wgmma_requested(bool on);
+
+// --kernels / TANSY_KERNELS: KEY=VALUE items separated by ',' (or ';', which survives scripts/device.sh ab-multi's
+// comma-separated environments), applied onto *opt:
+//   mma=FAMILIES   decode families on tensor cores: '+'-joined gemv1, gemvn, gate_up, down, or all / none
+//   int8=on|off    int8 inputs of the one-row 4-bit decode kernels (off: fp16 inputs)
+//   wgmma=on|off   Hopper wgmma for the prompt GEMMs (off: mma.sync)
+// Returns an empty string, or what is wrong with the spec.
+std::string parse_kernel_options(const std::string& spec, kernel_options* opt);
+
+}  // namespace tansy::cuda

@@ -1,0 +1,81 @@
+// The CUDA kernel plan's host side (no GPU needed): the --kernels parser, the switches it sets, TANSY_KERNELS as
+// the override on top, and the plan's description of its choices.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "backend/backend.h"
+#include "backend/cuda/kernel_plan.h"
+
+using namespace tansy;
+
+TEST(kernel_plan, parses_kernel_options) {
+    kernel_options o;
+    EXPECT_EQ(cuda::parse_kernel_options("mma=gemv1+down,int8=off,wgmma=on", &o), "");
+    EXPECT_EQ(o.mma_families, (int)(cuda::mma_gemv1 | cuda::mma_down));
+    EXPECT_EQ(o.int8_inputs, 0);
+    EXPECT_EQ(o.gemm_wgmma, 1);
+    kernel_options n;
+    EXPECT_EQ(cuda::parse_kernel_options("mma=none", &n), "");
+    EXPECT_EQ(n.mma_families, 0);
+    EXPECT_EQ(n.int8_inputs, -1);  // unset keys keep the plan's default
+    EXPECT_EQ(cuda::parse_kernel_options("mma=all", &n), "");
+    EXPECT_EQ(n.mma_families, (int)cuda::mma_all);
+    EXPECT_EQ(cuda::parse_kernel_options("", &n), "");
+    EXPECT_EQ(cuda::parse_kernel_options("int8=on;wgmma=off", &n), "");  // ';' as scripts/device.sh ab-multi needs
+    EXPECT_EQ(n.int8_inputs, 1);
+    EXPECT_EQ(n.gemm_wgmma, 0);
+    for (const char* bad : {"mma=gemv2", "int8=maybe", "tiles=64", "int8"}) {
+        kernel_options b;
+        EXPECT_NE(cuda::parse_kernel_options(bad, &b), "") << bad;
+    }
+}
+
+TEST(kernel_plan, defaults_options_and_the_environment_override) {
+    unsetenv("TANSY_KERNELS");
+    const cuda::kernel_plan d = cuda::make_kernel_plan({}, nullptr, false, {});
+    EXPECT_EQ(d.mma_families, cuda::k_mma_default_families);
+    EXPECT_TRUE(d.int8_inputs);
+    EXPECT_TRUE(d.gemm_wgmma);
+    EXPECT_FALSE(d.wgmma());  // no device offers it
+    EXPECT_EQ(d.source, "defaults");
+    EXPECT_FALSE(cuda::kernel_plan::use_gemm(cuda::k_gemm_min_rows - 1));
+    EXPECT_TRUE(cuda::kernel_plan::use_gemm(cuda::k_gemm_min_rows));
+
+    kernel_options o;
+    o.int8_inputs = 0;
+    const cuda::kernel_plan p = cuda::make_kernel_plan({}, nullptr, false, o);
+    EXPECT_FALSE(p.int8_inputs);
+    EXPECT_EQ(p.source, "--kernels");
+
+    setenv("TANSY_KERNELS", "int8=on,mma=all", 1);
+    const cuda::kernel_plan e = cuda::make_kernel_plan({}, nullptr, false, o);
+    unsetenv("TANSY_KERNELS");
+    EXPECT_TRUE(e.int8_inputs);  // the debug override has the last word
+    EXPECT_EQ(e.mma_families, (unsigned)cuda::mma_all);
+    EXPECT_NE(e.source.find("TANSY_KERNELS=int8=on,mma=all"), std::string::npos) << e.source;
+}
+
+TEST(kernel_plan, describes_each_row_range) {
+    cuda::kernel_device dev;
+    dev.name = "test device", dev.cc = 90, dev.sms = 132, dev.smem_optin = 227 * 1024, dev.wgmma = true;
+    const std::string s = cuda::make_kernel_plan(dev, nullptr, false, {}).describe("  ");
+    for (const char* want :
+         {"device     test device: compute capability 9.0, 132 SMs", "mma=gemvn int8=on wgmma=on", "1 row", "2-16 rows",
+          "17+ rows", "(4-bit: wgmma)", "attention  spans < 16 rows", "deltanet   spans <= 16 rows"})
+        EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
+    EXPECT_NE(s.find("\n  "), std::string::npos);  // continuation lines take the indent
+    kernel_options o;
+    o.gemm_wgmma = 0;
+    EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, true, o).describe().find("precise"), std::string::npos);
+}
+
+TEST(kernel_plan, test_setters_return_the_previous_value) {
+    const unsigned f = cuda::set_decode_mma_families(cuda::mma_all);
+    EXPECT_EQ(cuda::decode_mma_families(), (unsigned)cuda::mma_all);
+    EXPECT_EQ(cuda::set_decode_mma_families(f), (unsigned)cuda::mma_all);
+    const bool i = cuda::set_decode_int8_inputs(false);
+    EXPECT_FALSE(cuda::decode_int8_inputs());
+    EXPECT_FALSE(cuda::set_decode_int8_inputs(i));
+    EXPECT_EQ(cuda::decode_int8_inputs(), i);
+}
