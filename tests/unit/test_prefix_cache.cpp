@@ -337,20 +337,24 @@ TEST(prefix_cache, eviction_under_a_small_budget_keeps_outputs_exact) {
 }
 
 TEST(prefix_cache, concurrent_requests_on_one_prefix) {
+    const char* qs[] = {"Explain the reader.", "Explain the writer.", "Explain the converter.", "Explain the tests."};
+    // the references first: the engine is single-threaded, and the scheduler's thread drives it from here on
+    std::vector<std::vector<int32_t>> prompts, want;
+    for (const char* q : qs) {
+        prompts.push_back(render(conversation(q)));
+        want.push_back(reference_greedy(prompts.back(), 12));
+    }
     prefix_cache pc(tiny().eng().be(), small_blocks());
     scheduler_options so;
     so.cache = &pc;
     scheduler s(tiny().eng(), so);
     const std::vector<int32_t> warm = render(conversation("Explain the converter."));
     run(s, 1, warm, 4);
-    const char* qs[] = {"Explain the reader.", "Explain the writer.", "Explain the converter.", "Explain the tests."};
     std::vector<std::shared_ptr<collect_sink>> sinks;
-    std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i < 4; i++) {
-        prompts.push_back(render(conversation(qs[i])));
         sinks.push_back(std::make_shared<collect_sink>());
         sequence_request r;
-        r.prompt = prompts.back();
+        r.prompt = prompts[(size_t)i];
         r.max_tokens = 12;
         r.stop_ids = tiny().eos();
         r.sink = sinks.back();
@@ -359,7 +363,7 @@ TEST(prefix_cache, concurrent_requests_on_one_prefix) {
     for (int i = 0; i < 4; i++) {
         const finish_event f = sinks[(size_t)i]->wait();
         EXPECT_GT(f.cached_tokens, 0) << qs[i];
-        EXPECT_EQ(sinks[(size_t)i]->ids(), reference_greedy(prompts[(size_t)i], 12)) << qs[i];
+        EXPECT_EQ(sinks[(size_t)i]->ids(), want[(size_t)i]) << qs[i];
     }
 }
 
