@@ -25,6 +25,16 @@ def lookup(function_name: str) -> str:
     return "heappush(heap, item): push item onto heap, keeping the heap invariant."
 
 
+# The same tool, offered until it has been called once (the SDK's is_enabled): with tools and an output_type
+# the answer may be a tool call or the object, and the tiny model, given the choice, calls the tool again; once
+# the tool is gone only the object remains.
+@function_tool(name_override="lookup", is_enabled=lambda ctx, agent: not calls)
+def lookup_once(function_name: str) -> str:
+    """Look up a Python function's documentation."""
+    calls.append(function_name)
+    return "heappush(heap, item): push item onto heap, keeping the heap invariant."
+
+
 class Answer(pydantic.BaseModel):
     summary: str
 
@@ -35,7 +45,8 @@ SETTINGS = ModelSettings(temperature=0, tool_choice="required", max_tokens=160)
 
 
 def agent(**kw):
-    return Agent(name="helper", instructions="Answer using the tools.", tools=[lookup], model=MODEL,
+    tools = [lookup_once] if "output_type" in kw else [lookup]
+    return Agent(name="helper", instructions="Answer using the tools.", tools=tools, model=MODEL,
                  model_settings=SETTINGS, **kw)
 
 
