@@ -390,17 +390,24 @@ TEST(scheduler, max_tokens_and_shutdown_end_sequences) {
     EXPECT_EQ(c->finishes(), 0);
 }
 
-// The same on the CUDA backend, where one is usable: a lone greedy request must give engine::generate's tokens
-// (which decodes through CUDA graphs), and a batch must decode every sequence to completion.
-TEST(scheduler, cuda_lone_request_equals_generate_and_batches_run) {
-    std::unique_ptr<text_engine> te;
+// The bundled model on the CUDA backend, or null (and why) where there is none.
+std::unique_ptr<text_engine> cuda_tiny(std::string* why) {
     try {
         engine_options o;
         o.backend = "cuda";
-        te = std::make_unique<text_engine>(o);
+        return std::make_unique<text_engine>(o);
     } catch (const error& e) {
-        GTEST_SKIP() << "no CUDA backend: " << e.what();
+        *why = e.what();
+        return nullptr;
     }
+}
+
+// The same on the CUDA backend, where one is usable: a lone greedy request must give engine::generate's tokens
+// (which decodes through CUDA graphs), and a batch must decode every sequence to completion.
+TEST(scheduler, cuda_lone_request_equals_generate_and_batches_run) {
+    std::string why;
+    std::unique_ptr<text_engine> te = cuda_tiny(&why);
+    if (!te) GTEST_SKIP() << "no CUDA backend: " << why;
     auto prompt_of = [&](const std::string& user) {
         const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", user}}});
         return te->tok().encode(render_chat(msgs, nullptr, chat_options{}));
@@ -610,14 +617,9 @@ void expect_device_adjust_equals_host(text_engine& te) {
 TEST(scheduler, device_penalties_and_bias_equal_the_host_path) { expect_device_adjust_equals_host(tiny()); }
 
 TEST(scheduler, cuda_device_penalties_and_bias_equal_the_host_path) {
-    std::unique_ptr<text_engine> te;
-    try {
-        engine_options o;
-        o.backend = "cuda";
-        te = std::make_unique<text_engine>(o);
-    } catch (const error& e) {
-        GTEST_SKIP() << "no CUDA backend: " << e.what();
-    }
+    std::string why;
+    std::unique_ptr<text_engine> te = cuda_tiny(&why);
+    if (!te) GTEST_SKIP() << "no CUDA backend: " << why;
     expect_device_adjust_equals_host(*te);
 }
 

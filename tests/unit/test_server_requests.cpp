@@ -21,19 +21,25 @@ const std::string TINY_CONFIG = std::string(TANSY_SOURCE_DIR) + "/models/tiny-ch
 
 using reply = tansy::test::json_reply;
 
+// A server of a synthetic two-layer model of the tiny config on a free port, quiet.
+serve_options tiny_synthetic() {
+    serve_options o;
+    o.engine.threads = 1;
+    o.synthetic.config = TINY_CONFIG;
+    o.synthetic.layers = 2;
+    o.http.port = 0;
+    o.sched.max_batch = 2;
+    o.ctx_size = 256;
+    o.progress = o.log_requests = false;
+    return o;
+}
+
 class served : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
         if (!http_available()) return;
-        serve_options o;
-        o.engine.threads = 1;
-        o.synthetic.config = TINY_CONFIG;
-        o.synthetic.layers = 2;
-        o.http.port = 0;
-        o.sched.max_batch = 2;
-        o.ctx_size = 256;
+        serve_options o = tiny_synthetic();
         o.model_aliases = {"alias-one"};
-        o.progress = o.log_requests = false;
         srv_ = new server(o);
         srv_->start();
         srv_->load();
@@ -135,14 +141,7 @@ TEST_F(served, requests_in_flight_are_counted) {
 // --strict-api: an unknown field is a 400 naming it, on every completion endpoint; documented no-ops still pass.
 TEST(served_strict, unknown_fields_are_refused) {
     if (!http_available()) GTEST_SKIP() << "built without the HTTP server (no Asio headers)";
-    serve_options o;
-    o.engine.threads = 1;
-    o.synthetic.config = TINY_CONFIG;
-    o.synthetic.layers = 2;
-    o.http.port = 0;
-    o.sched.max_batch = 2;
-    o.ctx_size = 256;
-    o.progress = o.log_requests = false;
+    serve_options o = tiny_synthetic();
     o.strict_api = true;
     server srv(o);
     srv.start();
