@@ -61,14 +61,17 @@ inline void pack_row_sampling(float out[k_row_sampling_cols], const sampling_par
 
 // Per-slot logit adjustments applied on the device (backend::adjust_logits), as scheduler::choose applies them
 // on the host: OpenAI's presence/frequency penalties over the generated ids, HF's repetition penalty over the
-// prompt's and the generated ids, then OpenAI's logit_bias.
-//   pen     f32 [slots, k_adjust_cols]: presence, frequency, repetition, active (1: adjust this slot's rows),
-//           bias entries in use
+// prompt's and the generated ids, then OpenAI's logit_bias, then a grammar's mask of allowed ids.
+//   pen     f32 [slots, k_adjust_cols]: presence, frequency, repetition, penalties/bias active (1: apply them to
+//           this slot's rows and count its picks), bias entries in use, masked (1: apply the slot's mask)
 //   counts  int32 [slots, n_valid]: bits 0..29 how often the slot generated the id (saturating), bit 30 set
 //           when the prompt holds it
 //   bias    int32 [slots, 2 * k_device_max_bias]: (id, bias as f32 bits) pairs, applied in order
-constexpr int64_t k_adjust_cols = 5;
+//   mask    int32 [slots, mask_words(n_valid)]: bit (id % 32) of word id / 32 set where id may come next; the
+//           others get -infinity
+constexpr int64_t k_adjust_cols = 6;
 constexpr int64_t k_device_max_bias = 300;  // OpenAI's cap on logit_bias entries; a longer list is applied on the host
+constexpr int64_t mask_words(int64_t n_valid) { return (n_valid + 31) / 32; }
 constexpr int32_t k_count_prompt_bit = 1 << 30;
 
 class backend {
@@ -177,9 +180,9 @@ class backend {
     virtual void sample_rows(const tensor& ids_out, const tensor& logits, int64_t n_valid, const tensor& params,
                              const tensor& rng, const tensor& row_slot) = 0;
     // In place on logits [rows, >= n_valid]: row r, of slot row_slot[r], gets its slot's adjustments (see
-    // k_adjust_cols) when that slot is active; the first n_valid columns only.
+    // k_adjust_cols); the first n_valid columns only. counts or mask may be empty tensors when no slot uses them.
     virtual void adjust_logits(const tensor& logits, int64_t n_valid, const tensor& row_slot, const tensor& pen,
-                               const tensor& counts, const tensor& bias) = 0;
+                               const tensor& counts, const tensor& bias, const tensor& mask) = 0;
     // After a pick: counts[row_slot[r]][ids[r]] += 1 (saturating below k_count_prompt_bit) for rows whose slot is
     // active. One row per slot.
     virtual void count_picks(const tensor& counts, const tensor& ids, const tensor& row_slot, const tensor& pen) = 0;

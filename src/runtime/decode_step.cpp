@@ -25,8 +25,13 @@ decode_step::decode_step(engine& eng, int max_slots, bool graphs)
     next_ = be_.alloc(max_slots, 1, dtype::i32);
     one_slot_ = be_.alloc(1, 1, dtype::i32);
     pen_ = be_.alloc(max_slots + 1, k_adjust_cols, dtype::f32);
+    mask_ = be_.alloc(max_slots + 1, mask_words(n_valid_), dtype::i32);  // 31 KB a slot at 248K ids: from the start,
+                                                                         // so graphs never hold a stale pointer
     bias_ = be_.alloc(max_slots + 1, 2 * k_device_max_bias, dtype::i32);
     adjusting_.assign((size_t)max_slots + 1, false);
+    masking_.assign((size_t)max_slots + 1, false);
+    host_pen_.assign((size_t)(max_slots + 1) * k_adjust_cols, 0.0f);
+    for (int s = 0; s <= max_slots; s++) host_pen_[(size_t)s * k_adjust_cols + 2] = 1.0f;  // repetition 1: none
     host_params_.assign((size_t)(max_slots + 1) * k_row_sampling_cols, 0.0f);
     pinned_ = be_.alloc_host((size_t)k_ring * (size_t)max_slots * sizeof(int32_t));
     fences_.assign(k_ring, 0);
@@ -50,7 +55,9 @@ void decode_step::bind(int slot, const sampling_params& p, const logit_adjust* a
     const uint64_t st = sampling_math::rng_start(p.seed);
     be_.upload(rng_.t().rows_view(slot, 1), &st);
 
-    float pen[k_adjust_cols] = {0.0f, 0.0f, 1.0f, 0.0f, 0.0f};
+    float* pen = host_pen_.data() + (size_t)slot * k_adjust_cols;
+    std::fill(pen, pen + k_adjust_cols, 0.0f);
+    pen[2] = 1.0f;
     if (adjust) {
         TANSY_CHECK(fits_on_device(adjust->penalties, adjust->bias), "decode_step: %zu logit_bias entries (at most %lld)",
                     adjust->bias.size(), (long long)k_device_max_bias);
@@ -70,11 +77,40 @@ void decode_step::bind(int slot, const sampling_params& p, const logit_adjust* a
                 if (id >= 0 && id < n_valid_) c[(size_t)id] = k_count_prompt_bit;
         be_.upload(counts_.t().rows_view(slot, 1), c.data());
     }
-    be_.upload(pen_.t().rows_view(slot, 1), pen);
     adjusting_[(size_t)slot] = adjust != nullptr;
+    masking_[(size_t)slot] = false;
+    upload_pen(slot);
+}
+
+void decode_step::upload_pen(int slot) {
+    be_.upload(pen_.t().rows_view(slot, 1), host_pen_.data() + (size_t)slot * k_adjust_cols);
+}
+
+void decode_step::set_mask(int slot, const uint32_t* words) {
+    TANSY_CHECK(slot >= 0 && slot < max_slots_, "decode_step: slot %d of %d", slot, max_slots_);
+    be_.upload(mask_.t().rows_view(slot, 1), words);
+    if (!masking_[(size_t)slot]) {
+        masking_[(size_t)slot] = true;
+        host_pen_[(size_t)slot * k_adjust_cols + 5] = 1.0f;
+        upload_pen(slot);
+    }
+}
+
+void decode_step::clear_mask(int slot) {
+    TANSY_CHECK(slot >= 0 && slot < max_slots_, "decode_step: slot %d of %d", slot, max_slots_);
+    if (!masking_[(size_t)slot]) return;
+    masking_[(size_t)slot] = false;
+    host_pen_[(size_t)slot * k_adjust_cols + 5] = 0.0f;
+    upload_pen(slot);
 }
 
 bool decode_step::any_adjust(const std::vector<int32_t>& slots) const {
+    for (int32_t s : slots)
+        if (adjusting_[(size_t)s] || masking_[(size_t)s]) return true;
+    return false;
+}
+
+bool decode_step::any_count(const std::vector<int32_t>& slots) const {
     for (int32_t s : slots)
         if (adjusting_[(size_t)s]) return true;
     return false;
@@ -91,7 +127,8 @@ int32_t decode_step::pick_prompt(int slot, const tensor& logits) {
     const int32_t s = slot;
     be_.upload(one_slot_.t(), &s);
     const tensor nx = next_.t().rows_view(0, 1);
-    pick(nx, logits, one_slot_.t(), host_params_[(size_t)slot * k_row_sampling_cols] > 0, adjusting_[(size_t)slot]);
+    pick(nx, logits, one_slot_.t(), host_params_[(size_t)slot * k_row_sampling_cols] > 0,
+         adjusting_[(size_t)slot] || masking_[(size_t)slot], adjusting_[(size_t)slot]);
     int32_t id = 0;
     be_.download(&id, nx);
     return id;
@@ -100,12 +137,13 @@ int32_t decode_step::pick_prompt(int slot, const tensor& logits) {
 // next = each logits row's argmax, or its slot's device draw, after the slots' penalties and bias where any
 // row has them (in place: logits() then shows adjusted rows for those slots); then into the slots' next input
 // tokens, and counted for the penalties.
-void decode_step::pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling, bool adjust) {
-    if (adjust) be_.adjust_logits(logits, n_valid_, slots, pen_.t(), counts_.t(), bias_.t());
+void decode_step::pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling, bool adjust,
+                       bool count) {
+    if (adjust) be_.adjust_logits(logits, n_valid_, slots, pen_.t(), counts_.t(), bias_.t(), mask_.t());
     be_.argmax(next, logits, n_valid_);
     if (sampling) be_.sample_rows(next, logits, n_valid_, params_.t(), rng_.t(), slots);
     be_.scatter_slots(tok_.t(), next, slots);
-    if (adjust) be_.count_picks(counts_.t(), next, slots, pen_.t());
+    if (count) be_.count_picks(counts_.t(), next, slots, pen_.t());
 }
 
 // The picks of step `++launched_` (its first `n` rows of next_) into its ring entry of pinned memory.
@@ -117,11 +155,11 @@ uint64_t decode_step::copy_out(int64_t n) {
     return t;
 }
 
-void decode_step::run_ops(int64_t B, bool sampling, bool adjust, const std::vector<seq_span>& spans) {
+void decode_step::run_ops(int64_t B, bool sampling, bool adjust, bool count, const std::vector<seq_span>& spans) {
     const tensor ids = ids_.t().rows_view(0, B), rs = row_slot_.t().rows_view(0, B);
     be_.gather_slots(ids, tok_.t(), rs);
     logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
-    pick(next_.t().rows_view(0, B), logits_, rs, sampling, adjust);
+    pick(next_.t().rows_view(0, B), logits_, rs, sampling, adjust, count);
 }
 
 // A step with prompt chunks: decode rows first (one token each), then each chunk's span; one logits row per
@@ -158,7 +196,7 @@ void decode_step::run_mixed(const std::vector<row>& rows, const std::vector<prom
     const tensor ids = mixed_ids_.t().rows_view(0, T);
     if (B > 0) be_.gather_slots(ids.rows_view(0, B), tok_.t(), ms.rows_view(0, B));
     logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
-    pick(next_.t().rows_view(0, B + C), logits_, ms, sampling, any_adjust(slots));
+    pick(next_.t().rows_view(0, B + C), logits_, ms, sampling, any_adjust(slots), any_count(slots));
 }
 
 uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks) {
@@ -189,11 +227,13 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         row_slot_host_ = slots;
         row_slot_rows_ = B;
     }
-    // One graph per (rows, any row draws, any row has penalties or bias), keyed apart from other decode_steps on
-    // the backend; it holds the states' capacity (baked into the kernels) and the memory epochs it was recorded
-    // at, and is recorded again when either differs. Span lengths are all 1 here: prepare_step's contract.
-    const bool adjust = any_adjust(slots);
-    const uint64_t key = (uid_ << 24) ^ ((uint64_t)B << 2) ^ ((uint64_t)adjust << 1) ^ (uint64_t)sampling;
+    // One graph per (rows, any row draws, any row has penalties, bias or a mask, any has penalties or bias),
+    // keyed apart from other decode_steps on the backend; it holds the states' capacity (baked into the kernels)
+    // and the memory epochs it was recorded at, and is recorded again when either differs. Span lengths are all
+    // 1 here: prepare_step's contract. (counts_ exists before any step that counts: bind allocates it.)
+    const bool adjust = any_adjust(slots), count = any_count(slots);
+    const uint64_t key = (uid_ << 24) ^ ((uint64_t)B << 3) ^ ((uint64_t)count << 2) ^ ((uint64_t)adjust << 1) ^
+                         (uint64_t)sampling;
     const shape_mark now{capacity, be_.memory_epoch(), eng_.fwd().memory_epoch()};
     bool same_capacity = true;
     for (const row& w : rows) same_capacity = same_capacity && w.state->capacity() == capacity;
@@ -210,7 +250,7 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         be_.prepare_step(spans);
         be_.capture_begin();
         try {
-            run_ops(B, sampling, adjust, spans);
+            run_ops(B, sampling, adjust, count, spans);
         } catch (...) {
             be_.capture_abort();
             for (const row& r : rows) r.state->set_n_past(spans[(size_t)(&r - rows.data())].pos0);
@@ -223,7 +263,7 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         for (const row& r : rows) r.state->set_n_past(r.state->n_past() + 1);
         captured_[key] = now;
     } else {
-        run_ops(B, sampling, adjust, spans);
+        run_ops(B, sampling, adjust, count, spans);
         warm_[key] = {capacity, be_.memory_epoch(), eng_.fwd().memory_epoch()};
     }
     return copy_out(B);

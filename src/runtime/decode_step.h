@@ -9,10 +9,10 @@
 // reads step t's tokens. On a backend with graphs a step of B rows is one graph replay: one graph per (B, greedy
 // or sampling, capacity), captured at the second step of that shape and again whenever memory moves.
 //
-// Penalties and logit_bias are applied on the device, per slot, before the pick. Rows whose request needs the
-// whole distribution (log-probs, a grammar, or sampling settings the device does not draw:
-// row_samples_on_device) are picked by the caller on the host from logits(), and the choice goes back to the
-// slot with set_token before the next step.
+// Penalties, logit_bias and a grammar's mask (set by the caller before each step) are applied on the device, per
+// slot, before the pick. Rows whose request needs the whole distribution (log-probs, or sampling settings the
+// device does not draw: row_samples_on_device) are picked by the caller on the host from logits(), and the
+// choice goes back to the slot with set_token before the next step.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -50,6 +50,10 @@ class decode_step {
     // A sequence takes `slot`: its sampling parameters, and its RNG from the start of its seed's stream; with
     // `adjust`, the penalties and bias its rows get on the device (none without).
     void bind(int slot, const sampling_params& p, const logit_adjust* adjust = nullptr);
+    // A grammar's mask for the slot's next pick (bit id % 32 of word id / 32 set where id may come:
+    // mask_words(n_valid) words), applied after its penalties and bias; it holds until cleared or rebound.
+    void set_mask(int slot, const uint32_t* words);
+    void clear_mask(int slot);
     // The slot's next input token, decided on the host.
     void set_token(int slot, int32_t id);
 
@@ -83,10 +87,13 @@ class decode_step {
     static constexpr int k_ring = 4;  // steps whose tokens can be in flight at once
 
   private:
-    void run_ops(int64_t B, bool sampling, bool adjust, const std::vector<seq_span>& spans);
+    void run_ops(int64_t B, bool sampling, bool adjust, bool count, const std::vector<seq_span>& spans);
     void run_mixed(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks);
-    void pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling, bool adjust);
+    // adjust: some slot has penalties, bias or a mask; count: some slot has penalties or bias (picks counted)
+    void pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling, bool adjust, bool count);
     bool any_adjust(const std::vector<int32_t>& slots) const;
+    bool any_count(const std::vector<int32_t>& slots) const;
+    void upload_pen(int slot);
     uint64_t copy_out(int64_t n);
 
     engine& eng_;
@@ -99,10 +106,12 @@ class decode_step {
     // chunks that are not a prompt's last (greedy, never read)
     buffer tok_, params_, rng_, row_slot_, ids_, next_, one_slot_;
     buffer mixed_ids_, mixed_slot_;  // a mixed step's ids and pick -> slot table (never in a graph)
-    // logit adjustments (backend.h: k_adjust_cols): pen_ and bias_ from the start, counts_ ([slots, n_valid]
-    // int32, ~1 MB per slot) from the first slot that uses them; adjusting_[slot] mirrors pen_'s active column
-    buffer pen_, bias_, counts_;
-    std::vector<bool> adjusting_;
+    // logit adjustments (backend.h: k_adjust_cols): pen_, bias_ and mask_ from the start, counts_ ([slots,
+    // n_valid] int32, ~1 MB per slot) from the first slot with penalties or bias; adjusting_ and masking_ mirror
+    // pen_'s active and masked columns
+    buffer pen_, bias_, counts_, mask_;
+    std::vector<float> host_pen_;  // [max_slots + 1, k_adjust_cols], mirrors pen_
+    std::vector<bool> adjusting_, masking_;
     std::vector<float> host_params_;        // [max_slots, 4], mirrors params_
     std::vector<int32_t> row_slot_host_;    // what row_slot_ holds
     int64_t row_slot_rows_ = -1;

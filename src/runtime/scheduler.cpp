@@ -41,6 +41,7 @@ struct scheduler::sequence {
     int64_t generated = 0;
     int64_t in_flight = 0;  // decode steps launched for it whose token is not emitted yet
     bool host_always = false;  // every token is chosen on the host (log-probs, sampling the device does not draw, ...)
+    bool device_mask = false;  // a constraint whose mask goes to the device before each pick (update_mask)
     bool done = false;
     std::unordered_map<int32_t, int> counts;  // generated ids (presence/frequency penalties)
     std::unordered_set<int32_t> seen;         // prompt and generated ids (repetition penalty)
@@ -160,7 +161,21 @@ void scheduler::finish(sequence& s, finish_reason r, const std::string& error) {
 }
 
 bool scheduler::needs_host_logits(const sequence& s) const {
-    return s.host_always || (s.req.constraint && s.req.constraint->active());
+    return s.host_always || (s.req.constraint && s.req.constraint->active() && !s.device_mask);
+}
+
+// A constrained row picked on the device: the grammar's allowed ids for its next pick go to its slot's mask (the
+// constraint marks on a row of zeros what may not come), or the mask goes while the constraint lets all through.
+void scheduler::update_mask(sequence& s) {
+    if (!s.device_mask || s.done) return;
+    if (!s.req.constraint->active()) return step_->clear_mask(s.slot);
+    const int64_t nv = eng_.n_valid_tokens();
+    scratch_.assign((size_t)nv, 0.0f);
+    s.req.constraint->mask(scratch_.data(), nv, s.req.max_tokens - s.generated);
+    mask_bits_.assign((size_t)mask_words(nv), 0u);
+    for (int64_t v = 0; v < nv; v++)
+        if (scratch_[(size_t)v] != -std::numeric_limits<float>::infinity()) mask_bits_[(size_t)(v / 32)] |= 1u << (v % 32);
+    step_->set_mask(s.slot, mask_bits_.data());
 }
 
 bool scheduler::uses_cache(const sequence& s) const {
@@ -383,6 +398,10 @@ void scheduler::step() {
         for (sequence* s : batch) sync = sync || sync_row(s->req, s->host_always);
     }
     if (batch.empty() && chunks.empty()) return;
+    // (constrained rows are sync rows: every token they picked before is emitted, and the grammar has taken it)
+    for (sequence* s : batch) update_mask(*s);
+    for (const chunk_plan& k : chunks)
+        if (k.last) update_mask(*k.seq);
     std::vector<decode_step::row> rows;
     rows.reserve(batch.size());
     for (sequence* s : batch) rows.push_back({s->slot, s->st.get()});
@@ -508,15 +527,14 @@ void scheduler::loop() {
                 seq.slot = free_slots_.back();
                 free_slots_.pop_back();
                 const sampling_params& sp = seq.req.sampling;
-                // a sampled row with a grammar draws on the host throughout, so that its draws are one stream
-                seq.host_always = seq.req.logprobs >= 0 ||
-                                  (sp.temperature > 0 && (seq.req.constraint || !row_samples_on_device(sp, eng_.n_valid_tokens())));
-                // penalties and logit_bias go with the pick: on the device, unless the host picks anyway (or may,
-                // under a grammar) or the bias list is longer than the device holds
+                seq.host_always = seq.req.logprobs >= 0 || (sp.temperature > 0 && !row_samples_on_device(sp, eng_.n_valid_tokens()));
+                // penalties, logit_bias and a grammar's mask go with the pick: on the device, unless the host
+                // picks anyway or the bias list is longer than the device holds
                 const bool adjusts = seq.req.penalties.any() || !seq.req.logit_bias.empty();
-                const bool device_adjust = adjusts && !seq.host_always && !seq.req.constraint &&
+                const bool device_adjust = adjusts && !seq.host_always &&
                                            decode_step::fits_on_device(seq.req.penalties, seq.req.logit_bias);
                 seq.host_always = seq.host_always || (adjusts && !device_adjust);
+                seq.device_mask = seq.req.constraint && !seq.host_always;
                 if (seq.req.penalties.repetition != 1.0f) seq.seen.insert(seq.req.prompt.begin(), seq.req.prompt.end());
                 sampling_params on_device = sp;
                 if (seq.host_always) on_device.temperature = 0;  // the slot's pick is an argmax the host replaces

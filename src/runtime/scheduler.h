@@ -11,9 +11,10 @@
 //      while others decode, so none waits longer than one bounded piece between two tokens; a prompt alone goes
 //      in the engine's prefill chunks (engine::generate's, so a lone greedy request gives exactly its tokens);
 //   4. reports each pick to its sequence's sink and ends sequences at a stop id or max_tokens. Picks are made
-//      on the device (argmax, or a seeded draw); rows that need the distribution (log-probs, penalties, an
-//      active grammar, sampling the device does not draw) are chosen on the host from their logits row only.
-//      Decode-only steps whose rows all pick on the device are queued one ahead of the host.
+//      on the device (argmax, or a seeded draw), after the row's penalties, logit_bias and grammar mask (the
+//      host computes the mask from the grammar's state before each step of such a row); rows that need the
+//      distribution (log-probs, sampling the device does not draw) are chosen on the host from their logits row
+//      only. Decode-only steps whose rows need nothing from the host are queued one ahead of it.
 // Submission is bounded: a full queue is refused at once (the HTTP layer answers 429 with Retry-After).
 //
 // Text is not the scheduler's business: stop strings, detokenisation and parsing happen where the sink's
@@ -161,6 +162,7 @@ class scheduler {
     void store_finished(sequence& s);
     static void release_free_memory();
     bool needs_host_logits(const sequence& s) const;
+    void update_mask(sequence& s);
     bool uses_cache(const sequence& s) const;
     int64_t capacity_for(int64_t tokens) const { return opt_.seq_capacity > 0 ? opt_.seq_capacity : tokens; }
 
@@ -193,6 +195,7 @@ class scheduler {
     std::vector<int> free_slots_;
     std::optional<step_in_flight> pending_;
     std::vector<float> host_logits_, scratch_;
+    std::vector<uint32_t> mask_bits_;
     uint64_t prompt_total_ = 0, generated_total_ = 0;
     std::thread thread_;
 };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -612,6 +613,62 @@ void expect_device_adjust_equals_host(text_engine& te) {
         EXPECT_EQ(sinks[i]->ids(), host_ids[i]) << "variant " << i << " in a batch";
     }
     plain->wait();
+}
+
+// A grammar-like constraint whose allowed set changes with every token it takes: ids with (id + taken) % 3 != 0.
+class rotating_constraint final : public token_constraint {
+  public:
+    bool active() const override { return true; }
+    void mask(float* logits, int64_t n_valid, int64_t) override {
+        for (int64_t v = 0; v < n_valid; v++)
+            if ((v + taken_) % 3 == 0) logits[v] = -std::numeric_limits<float>::infinity();
+    }
+    void accept(int32_t id) override {
+        EXPECT_NE((id + taken_) % 3, 0) << "a masked id was picked";
+        taken_++;
+    }
+
+  private:
+    int64_t taken_ = 0;
+};
+
+// A constrained row picks on the device after its mask (set by the scheduler before each step); with log-probs
+// requested it picks on the host from the masked row instead. Both must choose the same tokens, greedy and
+// seeded, with penalties on top, alone and batched.
+TEST(scheduler, device_grammar_masks_equal_the_host_path) {
+    const std::vector<int32_t> prompt = chat_prompt("Write a haiku about the sea.");
+    auto request = [&](bool host, float temperature, bool penalties, const std::shared_ptr<collect_sink>& sink) {
+        sequence_request r = make_request(prompt, 20, sink);
+        r.stop_ids.clear();
+        r.sampling.temperature = temperature;
+        r.sampling.top_k = temperature > 0 ? 30 : 0;
+        r.sampling.seed = 4242;
+        if (penalties) r.penalties.frequency = 0.8f, r.logit_bias = {{13, 3.0f}};
+        r.constraint = std::make_unique<rotating_constraint>();
+        if (host) r.logprobs = 0;
+        return r;
+    };
+    const std::vector<std::pair<float, bool>> variants = {{0.0f, false}, {0.9f, false}, {0.7f, true}};
+    std::vector<std::vector<int32_t>> host_ids;
+    for (const auto& [t, pen] : variants) {
+        scheduler s(tiny().eng(), scheduler_options{});
+        auto sink = std::make_shared<collect_sink>();
+        ASSERT_EQ(s.submit(1, request(true, t, pen, sink)), scheduler::submit_status::ok);
+        sink->wait();
+        host_ids.push_back(sink->ids());
+        ASSERT_EQ(host_ids.back().size(), 20u);
+    }
+    scheduler s(tiny().eng(), scheduler_options{});
+    std::vector<std::shared_ptr<collect_sink>> sinks;
+    for (size_t i = 0; i < variants.size(); i++) {
+        sinks.push_back(std::make_shared<collect_sink>());
+        ASSERT_EQ(s.submit(10 + i, request(false, variants[i].first, variants[i].second, sinks.back())),
+                  scheduler::submit_status::ok);
+    }
+    for (size_t i = 0; i < variants.size(); i++) {
+        sinks[i]->wait();
+        EXPECT_EQ(sinks[i]->ids(), host_ids[i]) << "variant " << i;
+    }
 }
 
 TEST(scheduler, device_penalties_and_bias_equal_the_host_path) { expect_device_adjust_equals_host(tiny()); }

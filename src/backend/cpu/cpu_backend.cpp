@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "backend/backend.h"
@@ -162,31 +163,40 @@ class cpu_backend final : public backend {
         }
     }
     void adjust_logits(const tensor& logits, int64_t n_valid, const tensor& row_slot, const tensor& pen,
-                       const tensor& counts, const tensor& bias) override {
-        TANSY_CHECK(pen.cols == k_adjust_cols && pen.type == dtype::f32 && counts.type == dtype::i32 &&
-                        counts.rows == pen.rows && bias.rows == pen.rows && bias.cols == 2 * k_device_max_bias &&
-                        row_slot.rows >= logits.rows,
+                       const tensor& counts, const tensor& bias, const tensor& mask) override {
+        TANSY_CHECK(pen.cols == k_adjust_cols && pen.type == dtype::f32 && bias.rows == pen.rows &&
+                        bias.cols == 2 * k_device_max_bias && row_slot.rows >= logits.rows &&
+                        (!counts.data || (counts.type == dtype::i32 && counts.rows == pen.rows)) &&
+                        (!mask.data || (mask.rows == pen.rows && mask.cols >= mask_words(std::min(n_valid, logits.cols)))),
                     "adjust_logits shapes");
-        const int64_t nv = std::min({n_valid, logits.cols, counts.cols});
+        const int64_t nv = std::min(n_valid, logits.cols);
         for (int64_t r = 0; r < logits.rows; r++) {
             const int32_t s = ((const int32_t*)row_slot.data)[r];
             TANSY_CHECK(s >= 0 && s < pen.rows, "adjust_logits: slot %d of %lld", s, (long long)pen.rows);
             const float* a = f32(pen) + s * k_adjust_cols;
-            if (a[3] == 0.0f) continue;
             float* x = f32(logits) + r * logits.cols;
-            const int32_t* c = (const int32_t*)counts.data + s * counts.cols;
-            for (int64_t v = 0; v < nv; v++) {
-                if (c[v] == 0) continue;
-                const int32_t n = c[v] & (k_count_prompt_bit - 1);
-                if (n > 0) x[v] = sampling_math::presence_frequency(x[v], n, a[0], a[1]);
-                if (a[2] != 1.0f) x[v] = sampling_math::repetition(x[v], a[2]);
+            if (a[3] != 0.0f) {
+                TANSY_CHECK(counts.data, "adjust_logits: penalties without counts");
+                const int32_t* c = (const int32_t*)counts.data + s * counts.cols;
+                for (int64_t v = 0; v < std::min(nv, counts.cols); v++) {
+                    if (c[v] == 0) continue;
+                    const int32_t n = c[v] & (k_count_prompt_bit - 1);
+                    if (n > 0) x[v] = sampling_math::presence_frequency(x[v], n, a[0], a[1]);
+                    if (a[2] != 1.0f) x[v] = sampling_math::repetition(x[v], a[2]);
+                }
+                const int32_t* b = (const int32_t*)bias.data + s * bias.cols;
+                for (int64_t i = 0; i < (int64_t)a[4]; i++) {
+                    const int32_t id = b[2 * i];
+                    float add;
+                    memcpy(&add, &b[2 * i + 1], sizeof add);
+                    if (id >= 0 && id < nv) x[id] += add;
+                }
             }
-            const int32_t* b = (const int32_t*)bias.data + s * bias.cols;
-            for (int64_t i = 0; i < (int64_t)a[4]; i++) {
-                const int32_t id = b[2 * i];
-                float add;
-                memcpy(&add, &b[2 * i + 1], sizeof add);
-                if (id >= 0 && id < nv) x[id] += add;
+            if (a[5] != 0.0f) {
+                TANSY_CHECK(mask.data, "adjust_logits: a masked slot without masks");
+                const uint32_t* m = (const uint32_t*)mask.data + s * mask.cols;
+                for (int64_t v = 0; v < nv; v++)
+                    if (!((m[v / 32] >> (v % 32)) & 1u)) x[v] = -std::numeric_limits<float>::infinity();
             }
         }
     }

@@ -482,14 +482,16 @@ class cuda_backend final : public backend {
                          (const int32_t*)row_slot.data, stream_);
     }
     void adjust_logits(const tensor& logits, int64_t n_valid, const tensor& row_slot, const tensor& pen,
-                       const tensor& counts, const tensor& bias) override {
-        TANSY_CHECK(pen.cols == k_adjust_cols && pen.type == dtype::f32 && counts.type == dtype::i32 &&
-                        counts.rows == pen.rows && bias.rows == pen.rows && bias.cols == 2 * k_device_max_bias &&
-                        row_slot.rows >= logits.rows,
+                       const tensor& counts, const tensor& bias, const tensor& mask) override {
+        const int64_t nv = std::min(n_valid, logits.cols);
+        TANSY_CHECK(pen.cols == k_adjust_cols && pen.type == dtype::f32 && bias.rows == pen.rows &&
+                        bias.cols == 2 * k_device_max_bias && row_slot.rows >= logits.rows &&
+                        (!counts.data || (counts.type == dtype::i32 && counts.rows == pen.rows)) &&
+                        (!mask.data || (mask.rows == pen.rows && mask.cols >= mask_words(nv))),
                     "cuda adjust_logits shapes");
-        adjust_logits_rows(f32(logits), (int)logits.rows, logits.cols, std::min(n_valid, logits.cols),
-                           (const int32_t*)row_slot.data, (const float*)pen.data, (const int32_t*)counts.data,
-                           counts.cols, (const int32_t*)bias.data, (int)k_device_max_bias, stream_);
+        adjust_logits_rows(f32(logits), (int)logits.rows, logits.cols, nv, (const int32_t*)row_slot.data,
+                           (const float*)pen.data, (const int32_t*)counts.data, counts.cols, (const int32_t*)bias.data,
+                           (int)k_device_max_bias, (const uint32_t*)mask.data, mask.cols, stream_);
     }
     void count_picks(const tensor& counts, const tensor& ids, const tensor& row_slot, const tensor& pen) override {
         count_picks_rows((int32_t*)counts.data, counts.cols, (const int32_t*)ids.data, (const int32_t*)row_slot.data,
