@@ -635,11 +635,15 @@ class rotating_constraint final : public token_constraint {
 // A constrained row picks on the device after its mask (set by the scheduler before each step); with log-probs
 // requested it picks on the host from the masked row instead. Both must choose the same tokens, greedy and
 // seeded, with penalties on top, alone and batched.
-TEST(scheduler, device_grammar_masks_equal_the_host_path) {
-    const std::vector<int32_t> prompt = chat_prompt("Write a haiku about the sea.");
+void expect_device_masks_equal_host(text_engine& te) {
+    const nlohmann::ordered_json msgs =
+        nlohmann::ordered_json::array({{{"role", "user"}, {"content", "Write a haiku about the sea."}}});
+    const std::vector<int32_t> prompt = te.tok().encode(render_chat(msgs, nullptr, chat_options{}));
     auto request = [&](bool host, float temperature, bool penalties, const std::shared_ptr<collect_sink>& sink) {
-        sequence_request r = make_request(prompt, 20, sink);
-        r.stop_ids.clear();
+        sequence_request r;
+        r.prompt = prompt;
+        r.max_tokens = 20;
+        r.sink = sink;
         r.sampling.temperature = temperature;
         r.sampling.top_k = temperature > 0 ? 30 : 0;
         r.sampling.seed = 4242;
@@ -651,14 +655,14 @@ TEST(scheduler, device_grammar_masks_equal_the_host_path) {
     const std::vector<std::pair<float, bool>> variants = {{0.0f, false}, {0.9f, false}, {0.7f, true}};
     std::vector<std::vector<int32_t>> host_ids;
     for (const auto& [t, pen] : variants) {
-        scheduler s(tiny().eng(), scheduler_options{});
+        scheduler s(te.eng(), scheduler_options{});
         auto sink = std::make_shared<collect_sink>();
         ASSERT_EQ(s.submit(1, request(true, t, pen, sink)), scheduler::submit_status::ok);
         sink->wait();
         host_ids.push_back(sink->ids());
         ASSERT_EQ(host_ids.back().size(), 20u);
     }
-    scheduler s(tiny().eng(), scheduler_options{});
+    scheduler s(te.eng(), scheduler_options{});
     std::vector<std::shared_ptr<collect_sink>> sinks;
     for (size_t i = 0; i < variants.size(); i++) {
         sinks.push_back(std::make_shared<collect_sink>());
@@ -669,6 +673,15 @@ TEST(scheduler, device_grammar_masks_equal_the_host_path) {
         sinks[i]->wait();
         EXPECT_EQ(sinks[i]->ids(), host_ids[i]) << "variant " << i;
     }
+}
+
+TEST(scheduler, device_grammar_masks_equal_the_host_path) { expect_device_masks_equal_host(tiny()); }
+
+TEST(scheduler, cuda_device_grammar_masks_equal_the_host_path) {
+    std::string why;
+    std::unique_ptr<text_engine> te = cuda_tiny(&why);
+    if (!te) GTEST_SKIP() << "no CUDA backend: " << why;
+    expect_device_masks_equal_host(*te);
 }
 
 TEST(scheduler, device_penalties_and_bias_equal_the_host_path) { expect_device_adjust_equals_host(tiny()); }
