@@ -737,6 +737,8 @@ int content_state::plain_class(int64_t* room) const {
     *room = UINT32_MAX;
     if (phase_ == ph_json) {
         *room = js_.free_string_room();
+        if (!s_->tools.empty())  // "<tool_call>" may not be spelled (feed): plain tokens only without a '<' under way
+            return *room >= 0 && std::memchr(tail_, '<', tail_n_) == nullptr ? 3 : 0;
         return *room >= 0 ? 1 : 0;
     }
     if (phase_ == ph_jval) {  // no parser tag may be under way either
@@ -909,7 +911,13 @@ bool content_state::feed(char c) {
                 return true;
             }
             return false;
-        case ph_json: return js_.feed(c) == schema_state::result::ok;
+        case ph_json:
+            if (js_.feed(c) != schema_state::result::ok) return false;
+            if (!s_->tools.empty()) {  // with tools offered, the parser would take "<tool_call>" in a string for a call
+                push_tail(tail_, &tail_n_, c);
+                if (tail_ends_with(tail_, tail_n_, "<tool_call>")) return false;
+            }
+            return true;
         case ph_free: return true;
         default: return false;
     }

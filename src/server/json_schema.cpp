@@ -491,24 +491,35 @@ size_t obj_window_end(const schema_node& n, size_t next) {
     return n.prop_required.size();
 }
 
-bool prop_ok(const schema_program& p, const schema_node& n, size_t next, size_t i) {
-    return i >= next && i < obj_window_end(n, next) && p.satisfiable(n.prop_nodes[i]);
+// A value of `node` inside a container whose frame is the depth-th on the stack: satisfiable, and its shortest
+// form nests within k_max_frames (the check a '{' or '[' makes, with the value's frame at depth + 1), so that a
+// key or an item once written can always be completed.
+bool fits(const schema_program& p, int node, size_t depth) {
+    if (!p.satisfiable(node)) return false;
+    const int d = p.node(node).min_depth;
+    return d == 0 || depth + 1 + (size_t)d + 1 <= k_max_frames;
 }
 
-bool extra_ok(const schema_program& p, const schema_node& n) { return n.additional >= 0 && p.satisfiable(n.additional); }
+bool prop_ok(const schema_program& p, const schema_node& n, size_t next, size_t i, size_t depth) {
+    return i >= next && i < obj_window_end(n, next) && fits(p, n.prop_nodes[i], depth);
+}
 
-bool any_key_left(const schema_program& p, const schema_node& n, size_t next) {
-    if (extra_ok(p, n)) return true;
+bool extra_ok(const schema_program& p, const schema_node& n, size_t depth) {
+    return n.additional >= 0 && fits(p, n.additional, depth);
+}
+
+bool any_key_left(const schema_program& p, const schema_node& n, size_t next, size_t depth) {
+    if (extra_ok(p, n, depth)) return true;
     for (size_t i = next; i < obj_window_end(n, next); i++)
-        if (p.satisfiable(n.prop_nodes[i])) return true;
+        if (fits(p, n.prop_nodes[i], depth)) return true;
     return false;
 }
 
 int item_of(const schema_node& n, uint32_t i) { return i < n.prefix.size() ? n.prefix[i] : n.items; }
 
-bool item_ok(const schema_program& p, const schema_node& n, uint32_t i) {
+bool item_ok(const schema_program& p, const schema_node& n, uint32_t i, size_t depth) {
     const int it = item_of(n, i);
-    return i < n.max_items && it >= 0 && p.satisfiable(it);
+    return i < n.max_items && it >= 0 && fits(p, it, depth);
 }
 
 // Narrows a sorted range of texts to those with byte c at pos.
@@ -657,11 +668,11 @@ schema_state::result feed_alt(const ctx& x, schema_alt& a, char c) {
                     {
                         schema_frame k;
                         k.kind = k_key, k.node = f.node, k.texts = &n.keys_sorted, k.lo = 0,
-                        k.hi = (uint32_t)n.keys_sorted.size(), k.pos = 0, k.flags = extra_ok(p, n), k.count = 0;
+                        k.hi = (uint32_t)n.keys_sorted.size(), k.pos = 0, k.flags = extra_ok(p, n, a.stack.size()), k.count = 0;
                         const uint16_t next = f.next;
                         a.stack.push_back(k);
                         // no key of the window left and no additional ones: a dead end
-                        if (!any_key_left(p, n, next)) return R::fail;
+                        if (!any_key_left(p, n, next, a.stack.size() - 1)) return R::fail;
                     }
                     return R::ok;
                 case 2: {
@@ -672,7 +683,7 @@ schema_state::result feed_alt(const ctx& x, schema_alt& a, char c) {
                     return R::ok;
                 }
                 case 4:
-                    if (c == ',' && any_key_left(p, n, f.next)) {
+                    if (c == ',' && any_key_left(p, n, f.next, a.stack.size())) {
                         f.st = 1;
                         return R::ok;
                     }
@@ -689,12 +700,12 @@ schema_state::result feed_alt(const ctx& x, schema_alt& a, char c) {
                 return R::ok;
             }
             if (f.st == 0) {
-                if (!item_ok(p, n, 0)) return R::fail;
+                if (!item_ok(p, n, 0, a.stack.size())) return R::fail;
                 f.st = 2;
                 start_value(a, item_of(n, 0));
                 return feed_alt(x, a, c);
             }
-            if (f.st == 1 && c == ',' && item_ok(p, n, f.count)) {
+            if (f.st == 1 && c == ',' && item_ok(p, n, f.count, a.stack.size())) {
                 f.st = 2;
                 start_value(a, item_of(n, f.count));
                 return R::ok;
@@ -774,11 +785,12 @@ schema_state::result feed_alt(const ctx& x, schema_alt& a, char c) {
             uint32_t lo = f.lo, hi = f.hi;
             if (lo < hi) narrow(*f.texts, &lo, &hi, f.pos, c);
             bool listed = false;  // a key of the window still fits
-            for (uint32_t i = lo; i < hi && !listed; i++) listed = prop_ok(p, n, o.next, (size_t)n.keys_prop[i]);
+            const size_t od = a.stack.size() - 1;  // the object's depth
+            for (uint32_t i = lo; i < hi && !listed; i++) listed = prop_ok(p, n, o.next, (size_t)n.keys_prop[i], od);
             if (c == '"' && !listed) {  // the end of the key (a '"' inside a listed key follows a backslash)
                 if (f.u8_need) return R::fail;
                 const int prop = lit_exact(f) ? n.keys_prop[f.lo] : -1;
-                if (prop >= 0 && !prop_ok(p, n, o.next, (size_t)prop)) return R::fail;
+                if (prop >= 0 && !prop_ok(p, n, o.next, (size_t)prop, od)) return R::fail;
                 if (prop < 0 && !f.flags) return R::fail;  // (an additional key never spells a listed one)
                 a.stack.pop_back();
                 schema_frame& ob = a.stack.back();
@@ -813,7 +825,8 @@ void put_str(size_t* len, std::string* out, std::string_view s) {
 
 // The cheapest text closing the object of frame f from its state st (a value or key above it already closed),
 // with `next` the first property that may still come.
-void close_obj(const schema_program& p, const schema_frame& f, uint8_t st, size_t next, size_t* len, std::string* out) {
+void close_obj(const schema_program& p, const schema_frame& f, uint8_t st, size_t next, size_t depth, size_t* len,
+               std::string* out) {
     const schema_node& n = p.node(f.node);
     auto entry = [&](size_t i, bool comma) {
         if (comma) put_str(len, out, ",");
@@ -830,11 +843,11 @@ void close_obj(const schema_program& p, const schema_frame& f, uint8_t st, size_
     if (st == 1 && !obj_required_left(n, next)) {  // after ',' a key must come: the cheapest one
         size_t best = SIZE_MAX, best_cost = SIZE_MAX;
         for (size_t i = next; i < obj_window_end(n, next); i++) {
-            if (!p.satisfiable(n.prop_nodes[i])) continue;
+            if (!fits(p, n.prop_nodes[i], depth)) continue;
             const size_t cost = n.prop_keys[i].size() + p.node(n.prop_nodes[i]).min_size;
             if (cost < best_cost) best = i, best_cost = cost;
         }
-        if (extra_ok(p, n) && p.node(n.additional).min_size < best_cost) {
+        if (extra_ok(p, n, depth) && p.node(n.additional).min_size < best_cost) {
             put_str(len, out, "\"\":");
             put_str(len, out, p.node(n.additional).min_text);
         } else if (best != SIZE_MAX) {
@@ -884,13 +897,13 @@ size_t close_alt(const schema_program& p, const schema_alt& a, std::string* out)
                 const schema_frame& o = a.stack[i - 1];
                 auto rest = [&](size_t next) {
                     size_t l = 0;
-                    close_obj(p, o, 4, next, &l, nullptr);
+                    close_obj(p, o, 4, next, i, &l, nullptr);
                     return l;
                 };
                 size_t best = SIZE_MAX, best_cost = SIZE_MAX;
                 for (uint32_t k = f.lo; k < f.hi; k++) {
                     const size_t prop = (size_t)n.keys_prop[k];
-                    if (!prop_ok(p, n, o.next, prop)) continue;
+                    if (!prop_ok(p, n, o.next, prop, i)) continue;
                     const size_t cost = n.keys_sorted[k].size() - f.pos + p.node(n.prop_nodes[prop]).min_size + rest(prop + 1);
                     if (cost < best_cost) best = k, best_cost = cost;
                 }
@@ -911,11 +924,11 @@ size_t close_alt(const schema_program& p, const schema_alt& a, std::string* out)
                     put_str(&len, out, p.node(n.prop_nodes[prop]).min_text);
                     next = prop + 1;
                 }
-                close_obj(p, o, 4, next, &len, out);
+                close_obj(p, o, 4, next, i, &len, out);
                 i--;
                 break;
             }
-            case k_obj: close_obj(p, f, f.st, f.next, &len, out); break;
+            case k_obj: close_obj(p, f, f.st, f.next, i + 1, &len, out); break;
             case k_arr: {
                 uint32_t done = f.count + (f.st == 2 ? 1 : 0);
                 for (uint32_t k = done; k < n.min_items; k++) {

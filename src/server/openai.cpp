@@ -1,5 +1,7 @@
 #include "server/openai.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 #include <mutex>
@@ -321,9 +323,15 @@ ojson parse_tools(const ojson& j) {
         const ojson* name = field(*f, "name");
         if (!name || !name->is_string() || name->get<std::string>().empty())
             bad(w + ".function.name", w + ".function.name must be a non-empty string");
+        // OpenAI's rule, plus '.' and ':' (namespaced tools): the name is written into the Qwen tool-call tags
+        // as is and read back by the output parser, so nothing it would trim or refuse may be in it
         const std::string n = name->get<std::string>();
-        if (n.find_first_of("<>\n") != std::string::npos)
-            bad(w + ".function.name", w + ".function.name may not contain '<', '>' or newlines");
+        const bool ok_chars = std::all_of(n.begin(), n.end(), [](char c) {
+            return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+                   c == '.' || c == ':';
+        });
+        if (n.size() > 64 || !ok_chars)
+            bad(w + ".function.name", w + ".function.name must be 1 to 64 letters, digits, '_', '-', '.' or ':'");
         if (const ojson* p = field(*f, "parameters"); p && !p->is_object())
             bad(w + ".function.parameters", w + ".function.parameters must be a JSON schema object");
     }

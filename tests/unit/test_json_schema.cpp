@@ -286,6 +286,37 @@ std::string generate(token_constraint& c, const token_table& t, int64_t max_toke
     return out;
 }
 
+// Near the nesting cap, a key (or item) whose shortest value no longer fits is not offered: whatever has been
+// written can still be completed. (Recursion through an optional key, beside a key with a deep required chain.)
+TEST(json_schema, keys_too_deep_for_the_nesting_left_are_not_offered) {
+    const ojson s = ojson::parse(R"({"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"},
+        "d": {"type": "object", "required": ["x"], "properties": {"x": {"type": "object", "required": ["y"],
+        "properties": {"y": {"type": "object", "required": ["z"], "properties": {"z": {"type": "object"}}}}}}}}}},
+        "$ref": "#/$defs/n"})");
+    compiled c(s);
+    schema_state st(&c.p, c.root);
+    std::string doc;
+    for (int depth = 0; depth < 40; depth++) {
+        for (const char* step : {"{\"d\":", "{\"c\":"}) {  // at every depth: can a deep "d" still be written?
+            schema_state t = st;
+            if (!t.feed(std::string_view(step))) continue;
+            std::string close;
+            t.closer(&close);
+            schema_state u = t;
+            EXPECT_TRUE(u.feed(close) && u.accepting()) << "depth " << depth << ": " << doc << step << " + " << close;
+            const ojson v = ojson::parse(doc + step + close, nullptr, false);
+            EXPECT_TRUE(!v.is_discarded() && valid(v, s, s)) << doc << step << close;
+        }
+        schema_state t = st;
+        if (!t.feed(std::string_view("{\"c\":"))) break;
+        st = t;
+        doc += "{\"c\":";
+    }
+    std::string close;
+    st.closer(&close);
+    EXPECT_TRUE(st.feed(close) && st.accepting()) << doc << close;
+}
+
 TEST(json_schema, constrained_generations_always_validate) {
     auto t = table();
     for (size_t k = 0; k < schemas().size(); k++) {
@@ -404,6 +435,22 @@ TEST(json_schema, tools_and_a_response_format_allow_either) {
     std::fill(logits.begin(), logits.end(), 0.0f);
     j.mask(logits.data(), n, 100);
     EXPECT_EQ(logits[(size_t)call], -INFINITY);
+}
+
+// With tools offered, the output parser reads "<tool_call>" anywhere in the content as a call: the JSON answer
+// may not spell it, even inside a string (else a quoted tag would become an invented call).
+TEST(json_schema, a_json_answer_beside_tools_never_spells_the_call_tag) {
+    const ojson s = ojson::parse(R"({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})");
+    auto spec = build_content_spec(&s, false, demo_tools(), "", true, true);
+    content_state st(spec.get());
+    ASSERT_TRUE(st.feed(std::string_view("{\"a\": \"x<tool_cal")));
+    content_state t = st;
+    EXPECT_FALSE(t.feed('l') && t.feed('>')) << "the tag inside a string";
+    EXPECT_TRUE(st.feed(std::string_view("l\"}")) && st.complete()) << "a near miss is fine";
+    // without tools the same text is only a string
+    auto plain = build_content_spec(&s, false, nullptr, "", false, true);
+    content_state u(plain.get());
+    EXPECT_TRUE(u.feed(std::string_view("{\"a\": \"<tool_call>\"}")) && u.complete());
 }
 
 TEST(json_schema, strict_tools_with_unsupported_keywords_are_refused) {

@@ -125,6 +125,11 @@ TEST(server_openai, legacy_functions_map_onto_tools) {
     EXPECT_EQ(chat_error("{" + k_hi + ", " + fs + R"(, "function_call": "required"})").param, "function_call");
     EXPECT_EQ(chat_error("{" + k_hi + R"(, "functions": [{"name": ""}]})").param, "functions[0].name");
     EXPECT_EQ(chat_error("{" + k_hi + R"(, "functions": 3})").param, "functions");
+    // tool names: what the Qwen tags carry and the output parser reads back as is
+    for (const std::string& bad : std::vector<std::string>{"\" f \"", "\"a b\"", "\"<x>\"", "\"" + std::string(65, 'n') + "\""})
+        EXPECT_EQ(chat_error("{" + k_hi + R"(, "functions": [{"name": )" + bad + "}]}").param, "functions[0].name") << bad;
+    for (const std::string& good : std::vector<std::string>{"get_weather", "mcp.server:read-file", std::string(64, 'n')})
+        EXPECT_NO_THROW(parse_chat_request("{" + k_hi + R"(, "functions": [{"name": ")" + good + "\"}]}", greedy())) << good;
     EXPECT_EQ(chat_error("{" + k_hi + ", " + fs + R"(, "tools": []})").param, "functions");
     EXPECT_TRUE(r.unknown_fields.empty());
 }
