@@ -142,10 +142,13 @@ std::vector<int64_t> prefix_cache::plan(const std::vector<int32_t>& prompt, int6
 std::unique_ptr<seq_state> prefix_cache::checkpoint(const seq_state& st) { return be_.snapshot(st, 0); }
 
 // `from`'s tokens are a prefix of `into`'s: its checkpoints and its end move into `into`, its KV goes.
+// The snapshot comes first: if it throws, neither entry has changed.
 void prefix_cache::absorb(entry& into, entry& from) {
-    for (auto& [p, s] : from.cps) into.cps.try_emplace(p, std::move(s));
     const int64_t n = (int64_t)from.tokens.size();
-    if (n < (int64_t)into.tokens.size() && !into.cps.count(n)) into.cps.emplace(n, be_.snapshot(*from.kv, 0));
+    std::unique_ptr<seq_state> end;
+    if (n < (int64_t)into.tokens.size() && !into.cps.count(n)) end = be_.snapshot(*from.kv, 0);
+    for (auto& [p, s] : from.cps) into.cps.try_emplace(p, std::move(s));
+    if (end) into.cps.emplace(n, std::move(end));
 }
 
 void prefix_cache::insert(const int32_t* tokens, int64_t n, const seq_state& st, checkpoints cps) {

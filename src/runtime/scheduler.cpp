@@ -178,6 +178,26 @@ void scheduler::update_mask(sequence& s) {
     step_->set_mask(s.slot, mask_bits_.data());
 }
 
+// Bytes of state the running sequences hold: what admission charged them (a state that grows on demand shows
+// less until filled), and the checkpoints their prompts have taken so far (not yet in the cache).
+size_t scheduler::running_bytes() const {
+    size_t bytes = 0;
+    for (const auto& s : active_) {
+        bytes += std::max(s->need, s->st ? s->st->bytes() : 0);
+        for (const auto& cp : s->cps) bytes += cp ? cp->bytes() : 0;
+    }
+    return bytes;
+}
+
+// The cache's own budget is its share; the state budget bounds it too, live: after an insert, whatever the
+// running sequences leave.
+void scheduler::trim_cache() {
+    if (!opt_.cache) return;
+    const size_t running = running_bytes();
+    if (running + opt_.cache->bytes() > opt_.state_budget)
+        opt_.cache->evict_to(opt_.state_budget > running ? opt_.state_budget - running : 0);
+}
+
 bool scheduler::uses_cache(const sequence& s) const {
     return opt_.cache && opt_.cache->enabled() && s.req.cache_prompt;
 }
@@ -321,6 +341,7 @@ void scheduler::drain() {
                     opt_.cache->insert(s.req.prompt.data(), s.st->n_past(), *s.st, std::move(s.cps));
                 else if (std::binary_search(s.marks.begin(), s.marks.end(), s.prefilled))
                     s.cps.push_back(opt_.cache->checkpoint(*s.st));
+                trim_cache();
             } catch (const std::exception& e) {  // a snapshot that does not fit costs a later hit, not this request
                 TANSY_WARN("scheduler: a prefix cache snapshot failed: %s", e.what());
             }
@@ -459,6 +480,7 @@ void scheduler::store_finished(sequence& s) {
         std::vector<int32_t> tokens(s.req.prompt.begin(), s.req.prompt.begin() + std::min(n, P));
         if (n > P) tokens.insert(tokens.end(), s.out.begin(), s.out.begin() + (n - P));
         opt_.cache->insert(tokens.data(), n, *s.st, std::move(s.cps));
+        trim_cache();
     } catch (const std::exception& e) {
         TANSY_WARN("scheduler: storing a finished sequence in the prefix cache failed: %s", e.what());
     }
@@ -492,8 +514,7 @@ void scheduler::loop() {
             // Admission: FIFO, bounded by the batch size and the state budget (prefill_step bounds the prompt
             // tokens processed per step).
             // The prefix cache's bytes count too: it gives memory back (LRU) before a sequence is refused.
-            size_t bytes = 0;
-            for (const auto& s : active_) bytes += std::max(s->need, s->st ? s->st->bytes() : 0);
+            size_t bytes = running_bytes();
             prefix_cache* pc = opt_.cache;
             while (!queue_.empty() && (int)(active_.size() + admitted.size()) < opt_.max_batch) {
                 sequence& s = *queue_.front();
@@ -501,8 +522,12 @@ void scheduler::loop() {
                 const size_t need = state_estimate(T, capacity_for(T + s.req.max_tokens));
                 const bool alone = active_.empty() && admitted.empty();
                 if (uses_cache(s) && !s.hit) s.hit = pc->lookup(s.req.prompt);  // pinned: not evicted below
-                if (pc && bytes + need + pc->bytes() > opt_.state_budget)
-                    pc->evict_to(opt_.state_budget > bytes + need ? opt_.state_budget - bytes - need : 0);
+                if (pc && bytes + need + pc->bytes() > opt_.state_budget) {
+                    // the cache gives back what admits the head; when even an empty cache would not, it keeps
+                    // its entries (the head waits for running sequences to end), unless the head would run alone
+                    if (bytes + need <= opt_.state_budget) pc->evict_to(opt_.state_budget - bytes - need);
+                    else if (alone) pc->evict_to(0);
+                }
                 if (!alone && bytes + need + (pc ? pc->bytes() : 0) > opt_.state_budget) break;
                 bytes += need;
                 s.need = need;

@@ -163,6 +163,8 @@ class scheduler {
     static void release_free_memory();
     bool needs_host_logits(const sequence& s) const;
     void update_mask(sequence& s);
+    size_t running_bytes() const;
+    void trim_cache();
     bool uses_cache(const sequence& s) const;
     int64_t capacity_for(int64_t tokens) const { return opt_.seq_capacity > 0 ? opt_.seq_capacity : tokens; }
 
