@@ -183,6 +183,7 @@ void scheduler::update_mask(sequence& s) {
 size_t scheduler::running_bytes() const {
     size_t bytes = 0;
     for (const auto& s : active_) {
+        if (!s) continue;
         bytes += std::max(s->need, s->st ? s->st->bytes() : 0);
         for (const auto& cp : s->cps) bytes += cp ? cp->bytes() : 0;
     }
@@ -459,30 +460,33 @@ void scheduler::release_free_memory() {
 // Ended sequences leave the batch and free their state and slot, except those in the step still in flight (it
 // writes their state): they go once it has been drained.
 void scheduler::sweep_finished() {
+    bool stored = false;
     auto gone = [&](const std::unique_ptr<sequence>& s) {
         if (!s->done || s->in_flight > 0) return false;
         if (s->slot >= 0) free_slots_.push_back(s->slot);
-        store_finished(*s);
+        stored = store_finished(*s) || stored;
         return true;
     };
     active_.erase(std::remove_if(active_.begin(), active_.end(), gone), active_.end());
+    if (stored) trim_cache();  // (not inside remove_if: active_ holds moved-from entries until the erase)
 }
 
 // An ended sequence's state goes to the prefix cache as prompt + the tokens it has run (a finished completion:
 // the next turn of the conversation starts with it; a cancelled prompt: as far as it got). Not after an error
 // (the state may be inconsistent) or while shutting down.
-void scheduler::store_finished(sequence& s) {
+bool scheduler::store_finished(sequence& s) {
     s.hit.release();
-    if (!uses_cache(s) || !s.st || s.reason == finish_reason::error || s.reason == finish_reason::shutdown) return;
+    if (!uses_cache(s) || !s.st || s.reason == finish_reason::error || s.reason == finish_reason::shutdown) return false;
     const int64_t n = s.st->n_past(), P = (int64_t)s.req.prompt.size();
-    if (n <= 0 || n - P > (int64_t)s.out.size()) return;
+    if (n <= 0 || n - P > (int64_t)s.out.size()) return false;
     try {
         std::vector<int32_t> tokens(s.req.prompt.begin(), s.req.prompt.begin() + std::min(n, P));
         if (n > P) tokens.insert(tokens.end(), s.out.begin(), s.out.begin() + (n - P));
         opt_.cache->insert(tokens.data(), n, *s.st, std::move(s.cps));
-        trim_cache();
+        return true;
     } catch (const std::exception& e) {
         TANSY_WARN("scheduler: storing a finished sequence in the prefix cache failed: %s", e.what());
+        return false;
     }
 }
 

@@ -159,7 +159,7 @@ class scheduler {
     void emit(sequence& s, token_event ev);
     void finish(sequence& s, finish_reason r, const std::string& error = "");
     void sweep_finished();
-    void store_finished(sequence& s);
+    bool store_finished(sequence& s);  // true when it went into the prefix cache
     static void release_free_memory();
     bool needs_host_logits(const sequence& s) const;
     void update_mask(sequence& s);

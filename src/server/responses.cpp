@@ -582,7 +582,7 @@ ojson responses_writer::finish(bool incomplete, int64_t input_tokens, int64_t ou
     if (incomplete && !items_.empty() && items_.back().open) items_.back().incomplete = true;
     close_current(ignored);
     usage_ = {{"input_tokens", input_tokens},
-              {"input_tokens_details", {{"cached_tokens", 0}}},
+              {"input_tokens_details", {{"cached_tokens", cached_tokens_}}},
               {"output_tokens", output_tokens},
               {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
               {"total_tokens", input_tokens + output_tokens}};

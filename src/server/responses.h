@@ -101,6 +101,8 @@ class responses_writer {
     // max_output_tokens cut it), stores it. finish() returns the object; finish_events() the closing events
     // with response.completed / response.incomplete.
     ojson finish(bool incomplete, int64_t input_tokens, int64_t output_tokens, int64_t reasoning_tokens);
+    // Prompt tokens restored from the prefix cache (usage.input_tokens_details.cached_tokens); before finish.
+    void set_cached_tokens(int64_t n) { cached_tokens_ = n; }
     std::string finish_events(bool incomplete, int64_t input_tokens, int64_t output_tokens, int64_t reasoning_tokens);
     // The sequence failed after the stream began: an error event then response.failed.
     std::string failed(const api_error& e);
@@ -128,6 +130,7 @@ class responses_writer {
     std::vector<item> items_;
     std::vector<size_t> call_items_;  // parser call index -> items_ index
     int64_t seq_ = 0;                 // sequence_number of the next event
+    int64_t cached_tokens_ = 0;
     ojson usage_ = nullptr, incomplete_details_ = nullptr, error_ = nullptr;
 };
 

@@ -635,6 +635,7 @@ struct server::state {
             if (j.logprobs >= 0)
                 lp = j.chat ? chat_logprobs(te->tok(), j.lp_tokens) : completion_logprobs(te->tok(), j.lp_tokens, 0);
             if (j.resp) {
+                j.resp->set_cached_tokens(j.fin.cached_tokens);
                 res.body = dump(j.resp->finish(fr == "length", j.prompt_tokens, j.text->completion_tokens(),
                                                j.text->reasoning_tokens()));
             } else if (j.chat) {
@@ -708,6 +709,7 @@ struct server::state {
                 return;
             }
             if (j.resp) {
+                j.resp->set_cached_tokens(j.fin.cached_tokens);
                 write(j.resp->finish_events(fr == "length", j.prompt_tokens, j.text->completion_tokens(),
                                             j.text->reasoning_tokens()));
             } else if (j.chat) {
