@@ -200,8 +200,10 @@ ojson translate_format(const ojson& text) {
     bad("text.format.type", "text.format.type must be \"text\", \"json_object\" or \"json_schema\"");
 }
 
+}  // namespace
+
 // The chat parser's error, named as the Responses API names things.
-api_error renamed(const api_error& e) {
+api_error as_responses_error(const api_error& e) {
     static const std::pair<const char*, const char*> k_names[] = {
         {"max_completion_tokens", "max_output_tokens"}, {"response_format", "text.format"},
         {"reasoning_effort", "reasoning.effort"}, {"messages", "input"}, {".function.", "."}};
@@ -215,8 +217,6 @@ api_error renamed(const api_error& e) {
     if (param.rfind("input[", 0) == 0) param = "input";  // message indices are not item indices
     return api_error(e.status, fix(e.what()), param, e.code, e.type);
 }
-
-}  // namespace
 
 ojson responses_items_to_messages(const ojson& items, const std::string& instructions) {
     if (!items.is_array()) bad("input", std::string("'input' must be a string or an array of items, got ") + items.type_name());
@@ -407,7 +407,7 @@ responses_request parse_responses_request(const std::string& body, const samplin
     try {
         rr.chat = parse_chat_request(dump(cj), defaults);
     } catch (const api_error& e) {
-        throw renamed(e);
+        throw as_responses_error(e);
     }
     rr.chat.unknown_fields = unknown;
     rr.store = true;

@@ -75,6 +75,10 @@ struct responses_request {
 
 // Parses and translates a /v1/responses body; throws api_error (param named as the Responses API names it).
 // previous_response_id is looked up in `store` (404 when unknown or evicted).
+// An error of the chat request path (parse, schema compile), named as the Responses API names things
+// (response_format -> text.format, messages -> input, ...).
+api_error as_responses_error(const api_error& e);
+
 responses_request parse_responses_request(const std::string& body, const sampling_params& defaults,
                                           response_store& store);
 

@@ -461,7 +461,12 @@ struct server::state {
                 if (!r.ignore_eos) sr.stop_ids = te->eos();
                 sr.cache_prompt = r.cache_prompt;
                 sr.logprobs = r.logprobs;
-                sr.constraint = make_constraint(r, thinking[k], max_tokens);
+                try {
+                    sr.constraint = make_constraint(r, thinking[k], max_tokens);
+                } catch (const api_error& e) {  // a schema the compiler refuses: named as the request named it
+                    if (responses) throw as_responses_error(e);
+                    throw;
+                }
                 sr.sink = j->ch;
                 j->seq_id = next_seq++;
                 switch (sched->submit(j->seq_id, std::move(sr))) {

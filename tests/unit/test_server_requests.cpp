@@ -138,6 +138,23 @@ TEST_F(served, requests_in_flight_are_counted) {
     EXPECT_EQ(srv_->in_flight(), 0);
 }
 
+// A schema the compiler refuses is a 400 naming the field as the endpoint names it.
+TEST_F(served, schema_errors_name_the_endpoints_field) {
+    const json bad_schema = {{"type", "string"}, {"pattern", "^a+$"}};
+    const reply c = post("/v1/chat/completions",
+                         chat({{"response_format", {{"type", "json_schema"},
+                                                    {"json_schema", {{"name", "s"}, {"schema", bad_schema}, {"strict", true}}}}}})
+                             .dump());
+    EXPECT_EQ(c.status, 400);
+    EXPECT_EQ(c.body["error"]["param"], "response_format");
+    const reply r = post("/v1/responses", json{{"input", "hi"}, {"max_output_tokens", 2},
+                                               {"text", {{"format", {{"type", "json_schema"}, {"name", "s"},
+                                                                     {"schema", bad_schema}, {"strict", true}}}}}}
+                                              .dump());
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(r.body["error"]["param"], "text.format");
+}
+
 // --strict-api: an unknown field is a 400 naming it, on every completion endpoint; documented no-ops still pass.
 TEST(served_strict, unknown_fields_are_refused) {
     if (!http_available()) GTEST_SKIP() << "built without the HTTP server (no Asio headers)";
