@@ -205,7 +205,8 @@ TEST(cuda_model, device_sampling_draws_what_the_host_sampler_draws) {
             req.sampling.temperature = t, req.sampling.top_k = k, req.sampling.top_p = top_p, req.sampling.min_p = min_p;
             req.sampling.seed = 99;
             generation_stats s = g.generate(*st, req, [&](int32_t id) { return (on_device ? dev : host).push_back(id), true; });
-            EXPECT_EQ(s.graphs, on_device) << "sampled steps replay as graphs only when drawn on the device";
+            // (decode_step: a step's forward pass replays as a graph either way; the host draw replaces its pick)
+            EXPECT_TRUE(s.graphs) << "sampled steps replay as graphs";
         }
         EXPECT_EQ(dev, host) << "temperature " << t << " top-k " << k << " top-p " << top_p << " min-p " << min_p;
     }
