@@ -581,9 +581,11 @@ void expect_device_adjust_equals_host(text_engine& te) {
         if (host) r.logprobs = 0;  // a host pick: the penalties and bias are applied there
         return r;
     };
+    scheduler_options same_capacity;  // the CUDA backend batches only states of one capacity
+    same_capacity.seq_capacity = 256;
     std::vector<std::vector<int32_t>> host_ids;
     for (const variant& v : variants) {
-        scheduler s(te.eng(), scheduler_options{});
+        scheduler s(te.eng(), same_capacity);
         auto sink = std::make_shared<collect_sink>();
         ASSERT_EQ(s.submit(1, request(v, true, sink)), scheduler::submit_status::ok);
         sink->wait();
@@ -592,13 +594,13 @@ void expect_device_adjust_equals_host(text_engine& te) {
     EXPECT_NE(host_ids[1].at(0), banned);
     // on the device: each alone, then all in one batch beside a plain greedy row
     for (size_t i = 0; i < variants.size(); i++) {
-        scheduler s(te.eng(), scheduler_options{});
+        scheduler s(te.eng(), same_capacity);
         auto sink = std::make_shared<collect_sink>();
         ASSERT_EQ(s.submit(1, request(variants[i], false, sink)), scheduler::submit_status::ok);
         sink->wait();
         EXPECT_EQ(sink->ids(), host_ids[i]) << "variant " << i << " alone";
     }
-    scheduler s(te.eng(), scheduler_options{});
+    scheduler s(te.eng(), same_capacity);
     std::vector<std::shared_ptr<collect_sink>> sinks;
     for (size_t i = 0; i < variants.size(); i++) {
         sinks.push_back(std::make_shared<collect_sink>());
