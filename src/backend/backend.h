@@ -47,11 +47,14 @@ class buffer {
 
 // Sampling parameters of one sequence slot as backend::sample_rows reads them (f32 [slots, 4]).
 constexpr int64_t k_row_sampling_cols = 4;
-// The device draws rows of temperature > 0 with top-k 1..k_device_max_top_k (top-p and min-p on top); other
-// sampled rows are drawn on the host from downloaded logits (their slot holds temperature 0: an argmax).
+// The device draws rows of temperature > 0 with top-k 1..k_device_max_top_k (top-p and min-p on top) from
+// vocabularies of up to k_device_max_sample_ids ids; other sampled rows are drawn on the host from downloaded
+// logits (their slot holds temperature 0: an argmax).
 constexpr int k_device_max_top_k = 64;
+constexpr int64_t k_device_max_sample_ids = 524288;
 inline bool row_samples_on_device(const sampling_params& p, int64_t n_valid) {
-    return p.temperature > 0 && p.top_k >= 1 && p.top_k <= k_device_max_top_k && p.top_k < n_valid;
+    return p.temperature > 0 && p.top_k >= 1 && p.top_k <= k_device_max_top_k && p.top_k < n_valid &&
+           n_valid <= k_device_max_sample_ids;
 }
 inline void pack_row_sampling(float out[k_row_sampling_cols], const sampling_params& p, int64_t n_valid) {
     const bool dev = row_samples_on_device(p, n_valid);

@@ -55,6 +55,8 @@ int cmd_bench(int argc, char** argv) {
         .option("--runs", "N", "timed runs, median reported (default 5)")
         .option("--warmup", "N", "untimed steps before the runs (default 3)")
         .option("--peak-gbps", "X", "roofline bandwidth in GB/s (default 4280, the H200's measured copy rate)")
+        .option("--sampled", "", "decode rows draw as Qwen's non-thinking defaults say (temperature 0.7, top_p 0.8,\n"
+                                 "                            top_k 20; on the device where it can) instead of greedy")
         .option("--prompts", "LIST",
                 "prefill prompt lengths (default 256,512,2048,8192,32768,131072 on cuda, 256,2048 on the cpu; none to skip)")
         .option("--peak-tflops", "X", "prefill compute peak in TFLOP/s (default 989, the H200's dense bf16 tensor core)")
@@ -74,6 +76,7 @@ int cmd_bench(int argc, char** argv) {
     o.peak_tflops = p.number("--peak-tflops", H200_BF16_DENSE_TFLOPS);
     if (!(o.peak_gbps > 0) || !(o.peak_tflops > 0)) fail("bench: --peak-gbps and --peak-tflops must be positive");
     if (o.steps < 1 || o.runs < 1) fail("bench: --steps and --runs must be positive");
+    if (p.has("--sampled")) o.sampling.temperature = 0.7f, o.sampling.top_p = 0.8f, o.sampling.top_k = 20, o.sampling.seed = 12345;
     engine_options eo = engine_options_from(p);
     // the fp32 CPU reference would spend hours on 32K-128K prompts (quadratic attention)
     if (!p.has("--prompts") && eo.backend == "cpu") o.prompts = {256, 2048};
@@ -114,6 +117,7 @@ int cmd_bench(int argc, char** argv) {
     }
     if (p.has("--json")) {
         nlohmann::json j = {{"model", what}, {"device", eng->be().device_name()}, {"kv_cache", o.kv_fp8 ? "fp8" : "bf16"},
+                            {"decode_sampling", o.sampling.temperature > 0 ? "sampled" : "greedy"},
                             {"peak_gbps", o.peak_gbps},
                             {"peak_tflops", o.peak_tflops}, {"rows", nlohmann::json::array()},
                             {"prefill", nlohmann::json::array()}};

@@ -180,7 +180,8 @@ int cmd_bench_serve(int argc, char** argv) {
                  "  itl_ms_p50/p99    gaps between streamed text events per token, over all streams\n"
                  "  ttft_ms_p50/p99   request sent -> first text event (includes waiting and prefill)\n"
                  "  engine_tok_s      tansy bench's decode rate of the server's engine at batch C and context\n"
-                 "                    --prompt-tokens, measured before serving: the ceiling agg_tok_s tends to\n"
+                 "                    --prompt-tokens with the round's sampling, measured before serving: the\n"
+                 "                    ceiling agg_tok_s tends to\n"
                  "Token counts come from the usage chunk (stream_options.include_usage). Progress goes to stderr.");
     p.option("--serve", "", "benchmark the server (this mode)");
     add_engine_options(p);
@@ -245,14 +246,19 @@ int cmd_bench_serve(int argc, char** argv) {
     fprintf(stderr, "tansy bench --serve: %s on %s, http://127.0.0.1:%d\n  %s\n", what.c_str(),
             eng.be().device_name().c_str(), srv.port(), eng.cfg().summary().c_str());
 
-    // The engine's figures first, while no request has run: the scheduler's thread is idle.
-    std::map<int64_t, double> engine_tok_s;
-    for (int64_t C : concurrency) {
-        if (engine_tok_s.count(C)) continue;
-        const bench_point b = bench_decode(eng, C, prompt_tokens, bo);
-        engine_tok_s[C] = b.tok_s;
-        fprintf(stderr, "  engine: batch %4lld context %6lld: %9.1f tok/s\n", (long long)C, (long long)prompt_tokens, b.tok_s);
-    }
+    // The engine's figures first, while no request has run: the scheduler's thread is idle. Each sampling mode's
+    // own (a sampled engine step draws on the device, as the served one does).
+    std::map<std::pair<int64_t, std::string>, double> engine_tok_s;
+    for (int64_t C : concurrency)
+        for (const sampling_mode& m : modes) {
+            if (engine_tok_s.count({C, m.name})) continue;
+            bo.sampling.temperature = (float)m.temperature, bo.sampling.top_p = (float)m.top_p, bo.sampling.top_k = m.top_k;
+            bo.sampling.seed = 12345;
+            const bench_point b = bench_decode(eng, C, prompt_tokens, bo);
+            engine_tok_s[{C, m.name}] = b.tok_s;
+            fprintf(stderr, "  engine: batch %4lld context %6lld %-8s %9.1f tok/s\n", (long long)C, (long long)prompt_tokens,
+                    m.name.c_str(), b.tok_s);
+        }
 
     const std::string path = "/v1/chat/completions";
     {
@@ -277,7 +283,7 @@ int cmd_bench_serve(int argc, char** argv) {
             const std::string label = strprintf("concurrency %lld %s", (long long)C, m.name.c_str());
             const round_result r = run_round("127.0.0.1", srv.port(), path, bodies);
             check_round(r, max_tokens, label.c_str());
-            rows.push_back(summarise(r, C, m.name, engine_tok_s[C]));
+            rows.push_back(summarise(r, C, m.name, engine_tok_s[{C, m.name}]));
             const serve_row& x = rows.back();
             fprintf(stderr,
                     "  %-24s %9.1f tok/s (engine %9.1f)  stream %7.1f tok/s  itl p50 %7.2f ms p99 %7.2f ms  ttft p50 %8.1f ms "

@@ -41,14 +41,16 @@ bench_point bench_decode(engine& eng, int64_t B, int64_t ctx, const bench_option
     backend& be = eng.be();
     const int64_t total_steps = (int64_t)o.warmup + 2 + (int64_t)o.runs * o.steps;
     std::vector<std::unique_ptr<seq_state>> states;
-    // the step the scheduler and generate run (runtime/decode_step.h), greedy: each step one graph replay, queued
-    // back to back as a server queues steps ahead of its host work
+    // the step the scheduler and generate run (runtime/decode_step.h), greedy unless o.sampling says otherwise:
+    // each step one graph replay, queued back to back as a server queues steps ahead of its host work
     decode_step step(eng, (int)B);
     std::vector<decode_step::row> rows;
     for (int64_t b = 0; b < B; b++) {
         states.push_back(eng.new_sequence(ctx + total_steps + 1));
         be.pretend_context(*states.back(), ctx);
-        step.bind((int)b, sampling_params{});
+        sampling_params sp = o.sampling;
+        sp.seed = o.sampling.seed + (uint64_t)b;
+        step.bind((int)b, sp);
         step.set_token((int)b, (int32_t)((b * 7919 + 17) % eng.n_valid_tokens()));
         rows.push_back({(int)b, states.back().get()});
     }

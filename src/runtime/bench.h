@@ -50,6 +50,7 @@ struct bench_options {
     int64_t prefill_run_tokens = 65536;
     double peak_tflops = H200_BF16_DENSE_TFLOPS;
     bool kv_fp8 = false;  // the engine's KV cache is FP8 (bytes per step)
+    sampling_params sampling;  // every decode row's (default greedy); sampled rows draw on the device where it can
 };
 
 // FLOPs of prefilling n_prompt tokens after n_past cached ones, up to the first token's logits:

@@ -38,7 +38,7 @@ std::vector<float> make_row(int64_t n, int kind, uint32_t seed) {
             break;
         case 1:  // 200 ids tied at the top (top-k takes the lowest ids among them), the rest below
             for (float& x : l) x = body(rng) - 20.0f;
-            for (int i = 0; i < 200; i++) l[(size_t)(1000 + 37 * i)] = 5.0f;
+            for (int i = 0; i < 200; i++) l[(size_t)((1000 + 37 * i) % n)] = 5.0f;
             break;
         case 2:  // -inf (a constraint's mask) but for 12 tokens
             for (float& x : l) x = -inf;
@@ -56,30 +56,29 @@ std::vector<float> make_row(int64_t n, int kind, uint32_t seed) {
     return l;
 }
 
-}  // namespace
+struct setting {
+    float t;
+    int k;
+    float top_p, min_p;
+};
 
-TEST(cuda_sample, draws_what_the_host_sampler_draws) {
-    TANSY_REQUIRE_GPU();
-    const int64_t V = 248320, ld = V + 64, n_valid = V - 77;  // ids >= n_valid are padding rows
-    constexpr int kinds = 5, rows = 10, draws = 8;
-    struct setting {
-        float t;
-        int k;
-        float top_p, min_p;
-    };
-    for (const setting& s : {setting{1.0f, 1, 1.0f, 0.0f}, setting{0.6f, 20, 0.95f, 0.0f}, setting{1.0f, 64, 1.0f, 0.0f},
-                             setting{0.8f, 40, 0.5f, 0.05f}, setting{2.5f, 64, 0.9f, 0.0f}, setting{0.05f, 7, 1.0f, 0.3f}}) {
-        SCOPED_TRACE("temperature " + std::to_string(s.t) + " top-k " + std::to_string(s.k) + " top-p " +
-                     std::to_string(s.top_p) + " min-p " + std::to_string(s.min_p));
+// `rows` rows of V ids (row stride ld, ids >= n_valid padding) of every kind, `draws` draws per row with each
+// setting: the device's draws against the host sampler's, the same seeds.
+void expect_host_draws(int64_t V, int64_t ld, int64_t n_valid, int rows, int draws, const std::vector<setting>& settings) {
+    constexpr int kinds = 5;
+    for (const setting& s : settings) {
+        SCOPED_TRACE("vocabulary " + std::to_string(n_valid) + " temperature " + std::to_string(s.t) + " top-k " +
+                     std::to_string(s.k) + " top-p " + std::to_string(s.top_p) + " min-p " + std::to_string(s.min_p));
         sampling_params p;
         p.temperature = s.t, p.top_k = s.k, p.top_p = s.top_p, p.min_p = s.min_p;
         std::vector<float> host((size_t)(rows * ld), -1e30f);  // the columns past V are never read
         std::vector<std::vector<float>> lr;
         for (int r = 0; r < rows; r++) {
-            lr.push_back(make_row(V, r % kinds, 500u + (uint32_t)r));
+            lr.push_back(make_row(V, r % kinds, 500u + (uint32_t)r + (uint32_t)V));
             std::copy(lr.back().begin(), lr.back().end(), host.begin() + r * ld);
         }
-        cuda::device_buffer dl(host.size() * 4), dids((size_t)rows * 4), drng((size_t)rows * 8);
+        cuda::device_buffer dl(host.size() * 4), dids((size_t)rows * 4), drng((size_t)rows * 8),
+            dscratch(cuda::sample_scratch_words(rows, n_valid) * 8);
         dl.upload(host.data(), host.size() * 4);
         std::vector<uint64_t> st((size_t)rows);
         for (int r = 0; r < rows; r++) st[(size_t)r] = sampling_math::rng_start(1000 + (uint64_t)r);
@@ -93,7 +92,8 @@ TEST(cuda_sample, draws_what_the_host_sampler_draws) {
         a.temperature = p.temperature, a.top_k = p.top_k, a.top_p = p.top_p, a.min_p = p.min_p;
         int same = 0, total = 0;
         for (int d = 0; d < draws; d++) {
-            cuda::sample_rows((int32_t*)dids.get(), (const float*)dl.get(), rows, ld, n_valid, a, (uint64_t*)drng.get(), 0);
+            cuda::sample_rows((int32_t*)dids.get(), (const float*)dl.get(), rows, ld, n_valid, a, (uint64_t*)drng.get(),
+                              (uint64_t*)dscratch.get(), 0);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
             std::vector<int32_t> got((size_t)rows);
             dids.download(got.data(), got.size() * 4);
@@ -109,6 +109,27 @@ TEST(cuda_sample, draws_what_the_host_sampler_draws) {
         }
         EXPECT_GE((double)same / total, MIN_SAME_DRAWS);
     }
+}
+
+}  // namespace
+
+TEST(cuda_sample, draws_what_the_host_sampler_draws) {
+    TANSY_REQUIRE_GPU();
+    const int64_t V = 248320;
+    expect_host_draws(V, V + 64, V - 77, 10, 8,
+                      {setting{1.0f, 1, 1.0f, 0.0f}, setting{0.6f, 20, 0.95f, 0.0f}, setting{1.0f, 64, 1.0f, 0.0f},
+                       setting{0.8f, 40, 0.5f, 0.05f}, setting{2.5f, 64, 0.9f, 0.0f}, setting{0.05f, 7, 1.0f, 0.3f}});
+}
+
+// Vocabularies that cut into slices unevenly: one short slice, one id past a slice, a slice per row shorter than
+// top-k, the widest layout (slices of more than 2,048 ids), a prime; and top-k one below the vocabulary.
+TEST(cuda_sample, odd_vocabularies_draw_what_the_host_sampler_draws) {
+    TANSY_REQUIRE_GPU();
+    const std::vector<setting> settings = {setting{0.7f, 20, 0.8f, 0.0f}, setting{1.0f, 64, 1.0f, 0.02f}};
+    for (int64_t n : {int64_t(65), int64_t(2047), int64_t(2049), int64_t(100003), int64_t(300001), int64_t(524288)})
+        expect_host_draws(n, n + 3, n, 7, 3, settings);
+    expect_host_draws(40, 40, 33, 5, 4, {setting{0.9f, 32, 1.0f, 0.0f}});
+    expect_host_draws(4096 * 128 - 5, 4096 * 128, 4096 * 128 - 5, 3, 2, {setting{1.1f, 3, 0.9f, 0.0f}});
 }
 
 // A decode batch's rows draw with the parameters and RNG of their slots (sample_slot_rows): rows in a slot order
@@ -147,7 +168,8 @@ TEST(cuda_sample, slot_rows_draw_what_the_host_sampler_draws) {
         st[(size_t)s] = sampling_math::rng_start(ps[(size_t)s].seed);
     }
     cuda::device_buffer dl(host.size() * 4), dids((size_t)rows * 4), dparams(params.size() * 4), drng((size_t)slots * 8),
-        dslot((size_t)rows * 4), dscratch((size_t)2 * rows * cuda::k_argmax_parts * 4);
+        dslot((size_t)rows * 4), dscratch((size_t)2 * rows * cuda::k_argmax_parts * 4),
+        dsample(cuda::sample_scratch_words(rows, n_valid) * 8);
     dl.upload(host.data(), host.size() * 4);
     dparams.upload(params.data(), params.size() * 4);
     drng.upload(st.data(), st.size() * 8);
@@ -157,7 +179,7 @@ TEST(cuda_sample, slot_rows_draw_what_the_host_sampler_draws) {
     for (int d = 0; d < draws; d++) {
         cuda::argmax_rows((int32_t*)dids.get(), (const float*)dl.get(), rows, ld, n_valid, (float*)dscratch.get(), 0);
         cuda::sample_slot_rows((int32_t*)dids.get(), (const float*)dl.get(), rows, ld, n_valid, (const float*)dparams.get(),
-                               (uint64_t*)drng.get(), (const int32_t*)dslot.get(), 0);
+                               (uint64_t*)drng.get(), (const int32_t*)dslot.get(), (uint64_t*)dsample.get(), 0);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<int32_t> got(rows);
         dids.download(got.data(), got.size() * 4);

@@ -31,7 +31,8 @@ namespace {
 
 using namespace cuda;
 
-static_assert(k_device_max_top_k == k_sample_max_top_k, "the scheduler's device-draw rule must match the CUDA sampler");
+static_assert(k_device_max_top_k == k_sample_max_top_k && k_device_max_sample_ids == k_sample_max_ids,
+              "the scheduler's device-draw rule must match the CUDA sampler");
 
 float* f32(const tensor& t) {
     TANSY_CHECK(t.type == dtype::f32, "cuda backend expects f32 activations, got %s", dtype_name(t.type));
@@ -146,6 +147,7 @@ class cuda_backend final : public backend {
         for (auto* a : {&ws_norm_, &ws_q_, &ws_part_o_, &ws_part_ml_, &ws_gdn_o_, &ws_router_, &ws_wt_, &ws_sig_, &ws_h_, &ws_argmax_})
             a->epoch = &epoch_;
         for (auto* a : {&gather_rows_dev_, &ws_idx_, &ws_perm_, &ws_pos_, &ws_ntiles_}) a->epoch = &epoch_;
+        ws_sample_.epoch = &epoch_;
         ws_tiles_.epoch = ws_y_.epoch = ws_gdn_work_.epoch = &epoch_;
         ws_a16_.epoch = ws_m16_.epoch = ws_h16_.epoch = &epoch_;
         rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
@@ -477,9 +479,10 @@ class cuda_backend final : public backend {
         TANSY_CHECK(params.cols == k_row_sampling_cols && params.type == dtype::f32 && rng.cols == 2 &&
                         rng.rows == params.rows && row_slot.rows >= logits.rows && ids_out.rows >= logits.rows,
                     "cuda sample_rows shapes");
-        sample_slot_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols,
-                         std::min(n_valid, logits.cols), (const float*)params.data, (uint64_t*)rng.data,
-                         (const int32_t*)row_slot.data, stream_);
+        const int64_t nv = std::min(n_valid, logits.cols);
+        uint64_t* scratch = ws_sample_.ensure(sample_scratch_words((int)logits.rows, nv));
+        sample_slot_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols, nv,
+                         (const float*)params.data, (uint64_t*)rng.data, (const int32_t*)row_slot.data, scratch, stream_);
     }
     void adjust_logits(const tensor& logits, int64_t n_valid, const tensor& row_slot, const tensor& pen,
                        const tensor& counts, const tensor& bias, const tensor& mask) override {
@@ -533,7 +536,7 @@ class cuda_backend final : public backend {
     }
 
     bool can_sample(const sampling_params& p, int64_t n_valid) const override {
-        return p.temperature > 0 && p.top_k >= 1 && p.top_k <= k_sample_max_top_k && p.top_k < n_valid;
+        return row_samples_on_device(p, n_valid);
     }
     void sample(const tensor& ids_out, const tensor& logits, int64_t n_valid, const sampling_params& p,
                 const tensor& rng) override {
@@ -542,8 +545,10 @@ class cuda_backend final : public backend {
         TANSY_CHECK(rng.rows >= logits.rows && rng.cols == 2 && rng.type == dtype::i32, "cuda sample: rng state shape");
         sample_args a;
         a.temperature = p.temperature, a.top_k = p.top_k, a.top_p = p.top_p, a.min_p = p.min_p;
-        cuda::sample_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols, std::min(n_valid, logits.cols), a,
-                    (uint64_t*)rng.data, stream_);
+        const int64_t nv = std::min(n_valid, logits.cols);
+        uint64_t* scratch = ws_sample_.ensure(sample_scratch_words((int)logits.rows, nv));
+        cuda::sample_rows((int32_t*)ids_out.data, f32(logits), (int)logits.rows, logits.cols, nv, a, (uint64_t*)rng.data,
+                          scratch, stream_);
     }
 
     size_t device_memory_used() const override {
@@ -775,6 +780,7 @@ class cuda_backend final : public backend {
     dev_array<uint16_t> ws_a16_, ws_m16_, ws_h16_;
     device_buffer tap_;  // tap_logits
     dev_array<float> ws_y_, ws_gdn_work_, ws_norm_, ws_q_, ws_part_o_, ws_part_ml_, ws_gdn_o_, ws_router_, ws_wt_, ws_sig_, ws_h_, ws_argmax_;
+    dev_array<uint64_t> ws_sample_;  // the sampler's per-slice candidates (sample_scratch_words)
 };
 
 }  // namespace

@@ -1,200 +1,266 @@
-// Top-k sampling on the device (sample.cuh). One block of 1024 threads per row; every thread owns a contiguous
-// range of ids, so "lowest ids first" among equal logits is an exclusive scan over threads.
-//  1. the best logit (a max over order-preserving keys), and the host sampler's floor (e^-40 of the best);
-//  2. the top_k-th largest key among the tokens at or above the floor by a radix select: four passes of a
-//     256-bin histogram of the next 8 key bits (warp-aggregated shared-memory atomics on integer counts, so the
-//     result does not depend on timing);
-//  3. the candidates: keys above that threshold, then the lowest-id ties at it; sorted by (logit descending, id
-//     ascending) by counting ranks;
-//  4. one thread draws with sampler_math::draw_sorted, the host sampler's code.
-// Each pass re-reads the row (1 MB at 248K ids) from L2; rows run in parallel.
+// Top-k sampling on the device (sample.cuh), in two kernels over packed candidates. A candidate is
+// (order_key(logit) << 32) | ~id: unsigned order of candidates is (logit descending, id ascending), the host
+// sampler's order with ties going to the lower id, and no two candidates of a row are equal.
+//  1. split_kernel: a row is cut into slices of at most k_slice ids; one block per slice keeps the slice's top_k
+//     candidates (a radix select over the 64-bit values held in registers) in scratch. The row's top_k are among
+//     the union of its slices' top_k.
+//  2. draw_kernel: one block per row reads that union; the best candidate gives the best logit and the host
+//     sampler's floor (e^-40 of the best); the top_k at or above the floor by the same radix select, ranked by
+//     (logit descending, id ascending); one thread draws with sampling_math::draw_sorted, the host sampler's code.
+// Reads are coalesced (a warp loads 32 consecutive ids) and one row spreads over ~120 blocks: the draw costs a
+// few microseconds at any batch, where one block per row reading the whole row took ~0.5 ms at batch 1.
 #include "backend/cuda/sample.cuh"
 
 #include <climits>
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
+#include "core/check.h"
 #include "sampling/sampler_math.h"
 
 namespace tansy::cuda {
 
 namespace {
 
-constexpr int THREADS = 1024, WARPS = THREADS / 32;
+constexpr int SPLIT_THREADS = 256;   // a slice's block
+constexpr int DRAW_THREADS = 1024;   // a row's block in the draw
+constexpr int k_slice = 2048;        // ids per slice at most: 8 per thread of a split block
+constexpr int k_max_splits = 128;    // slices per row at most (n_valid <= k_sample_max_ids at 4096 ids a slice)
+constexpr int DRAW_PER = k_max_splits * k_sample_max_top_k / DRAW_THREADS;  // candidates per draw thread: 8
+static_assert(k_sample_max_ids <= k_max_splits * 2 * k_slice, "k_sample_max_ids must fit the split layout");
 
-// Keys: order_key (common.cuh), NaN as 0, below every number (the host sampler's comparisons never pick a NaN).
-__device__ __forceinline__ uint32_t key_of(float f) { return order_key(f); }
-
-// Block-wide reductions and scan through shared memory s[WARPS]; every thread gets the result.
-__device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* s) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = __reduce_max_sync(0xffffffffu, v);
-    if (lane == 0) s[warp] = v;
-    __syncthreads();
-    v = __reduce_max_sync(0xffffffffu, lane < WARPS ? s[lane] : 0u);
-    __syncthreads();
-    return v;
+__device__ __forceinline__ uint64_t pack(float logit, int id) {
+    return (uint64_t)order_key(logit) << 32 | (uint32_t)~(uint32_t)id;
 }
-__device__ __forceinline__ int block_sum(int v, int* s) {
+__device__ __forceinline__ int id_of(uint64_t c) { return (int)~(uint32_t)c; }
+
+template <int THREADS>
+struct select_smem {
+    int hist[256];
+    int red[THREADS / 32];
+    unsigned long long red64[THREADS / 32];
+    int sel, need, done, count;
+};
+
+template <int THREADS>
+__device__ __forceinline__ int block_sum(int v, select_smem<THREADS>& sm) {
+    constexpr int WARPS = THREADS / 32;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     v = (int)__reduce_add_sync(0xffffffffu, (unsigned)v);
-    if (lane == 0) s[warp] = v;
+    if (lane == 0) sm.red[warp] = v;
     __syncthreads();
-    v = (int)__reduce_add_sync(0xffffffffu, lane < WARPS ? (unsigned)s[lane] : 0u);
-    __syncthreads();
-    return v;
-}
-__device__ __forceinline__ int block_min(int v, int* s) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = __reduce_min_sync(0xffffffffu, v);
-    if (lane == 0) s[warp] = v;
-    __syncthreads();
-    v = __reduce_min_sync(0xffffffffu, lane < WARPS ? s[lane] : INT_MAX);
+    v = (int)__reduce_add_sync(0xffffffffu, lane < WARPS ? (unsigned)sm.red[lane] : 0u);
     __syncthreads();
     return v;
 }
-// The sum of v over the threads before this one.
-__device__ __forceinline__ int block_exclusive_scan(int v, int* s) {
+
+template <int THREADS>
+__device__ __forceinline__ uint64_t block_max(uint64_t v, select_smem<THREADS>& sm) {
+    constexpr int WARPS = THREADS / 32;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
+    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, (unsigned long long)v, o));
+    if (lane == 0) sm.red64[warp] = v;
+    __syncthreads();
+    v = lane < WARPS ? sm.red64[lane] : 0;
+    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, (unsigned long long)v, o));
+    __syncthreads();
+    return v;
+}
+
+// Over the block's values v (PER per thread), those >= lo compete: returns t such that exactly min(k, their count)
+// of them are >= t. A radix select, 8 bits a pass from the top, that stops at the first pass whose chosen bin is
+// taken whole (the values are distinct, so the last pass always is). Histograms count with warp-aggregated
+// shared-memory atomics, so the result does not depend on timing.
+template <int THREADS, int PER>
+__device__ uint64_t select_threshold(const uint64_t (&v)[PER], uint64_t lo, int k, select_smem<THREADS>& sm) {
+    const int lane = threadIdx.x % 32;
+    int c = 0;
+#pragma unroll
+    for (int j = 0; j < PER; j++) c += v[j] >= lo;
+    if (block_sum(c, sm) <= k) return lo;
+    int need = k;
+    uint64_t prefix = 0, mask = 0;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += THREADS) sm.hist[b] = 0;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < PER; j++) {  // every thread the same trip count: the warp stays converged
+            const uint64_t x = v[j];
+            const int bin = x >= lo && (x & mask) == prefix ? (int)((x >> shift) & 255u) : 256;
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], __popc(peers));
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int cum = 0, b = 255;
+            for (; b > 0 && cum + sm.hist[b] < need; b--) cum += sm.hist[b];
+            sm.sel = b, sm.need = need - cum, sm.done = sm.hist[b] == need - cum;
+        }
+        __syncthreads();
+        prefix |= (uint64_t)sm.sel << shift, mask |= (uint64_t)0xFF << shift, need = sm.need;
+        const bool done = sm.done;
+        __syncthreads();  // every thread has read sm before the next pass clears it
+        if (done) break;
     }
-    if (lane == 31) s[warp] = x;
-    __syncthreads();
-    int before = 0;
-    for (int w = 0; w < warp; w++) before += s[w];
-    __syncthreads();
-    return before + x - v;
+    return prefix;  // the chosen bin's values match prefix above the last pass's bits: all of them are >= it
 }
 
-// One row's draw by the whole block: ids_r = the token, rng_r = the row's splitmix64 state.
-__device__ __forceinline__ void sample_row(int32_t* ids_r, const float* l, int n, const sample_args a, uint64_t* rng_r) {
-    __shared__ uint32_t s_u[WARPS];
-    __shared__ int s_i[WARPS];
-    __shared__ int hist[256];
-    __shared__ int s_sel, s_need, s_m;
-    __shared__ uint32_t c_key[k_sample_max_top_k];
-    __shared__ int c_id[k_sample_max_top_k], c_sorted_id[k_sample_max_top_k];
-    __shared__ float c_sorted[k_sample_max_top_k], c_w[k_sample_max_top_k];
-    const int tid = threadIdx.x, lane = tid % 32;
-    const int per = (n + THREADS - 1) / THREADS, i0 = min(n, tid * per), i1 = min(n, i0 + per);
+// A row's parameters: one setting for every row (rng[r] is row r's state), or each row its slot's.
+struct fixed_rows {
+    sample_args a;
+    uint64_t* rng;
+    __device__ bool get(int r, int n, sample_args& out, uint64_t*& st) const {
+        out = a, st = rng + r;
+        return true;  // checked by the launcher
+    }
+};
+struct slot_rows {
+    const float* params;
+    const int32_t* row_slot;
+    uint64_t* rng;
+    __device__ bool get(int r, int n, sample_args& out, uint64_t*& st) const {
+        const int s = row_slot[r];
+        const float* p = params + (int64_t)s * 4;
+        out.temperature = p[0], out.top_k = (int)p[1], out.top_p = p[2], out.min_p = p[3];
+        st = rng + s;
+        return out.temperature > 0 && out.top_k >= 1 && out.top_k <= k_sample_max_top_k && out.top_k < n;
+    }
+};
 
-    // 1. the best logit; a non-finite best (an infinite logit, every token -inf or NaN): the host's argmax
-    uint32_t km = 0;
-    for (int i = i0; i < i1; i++) km = max(km, key_of(l[i]));
-    km = block_max(km, s_u);
-    const float best = key_value(km);
-    if (km == 0 || !isfinite(best)) {
-        int first = INT_MAX;
-        for (int i = i0; i < i1 && first == INT_MAX; i++)
-            if (key_of(l[i]) == km) first = i;
-        first = block_min(first, s_i);
-        if (tid == 0) *ids_r = first == INT_MAX ? 0 : first;
+// cand[(r * splits + s) * k_sample_max_top_k + j], j < top_k: slice s's top_k candidates, 0 (no candidate) after
+// a slice's last when it holds fewer ids.
+template <int PER, class Rows>
+__global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(uint64_t* cand, const float* logits, int64_t ld, int n,
+                                                               int splits, int slice, Rows rows) {
+    const int r = blockIdx.y, s = blockIdx.x;
+    sample_args a;
+    uint64_t* st;
+    if (!rows.get(r, n, a, st)) return;
+    const float* l = logits + (int64_t)r * ld;
+    const int i0 = s * slice, i1 = min(n, i0 + slice);
+    uint64_t v[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int i = i0 + j * SPLIT_THREADS + (int)threadIdx.x;
+        v[j] = i < i1 ? pack(l[i], i) : 0;
+    }
+    __shared__ select_smem<SPLIT_THREADS> sm;
+    const uint64_t t = select_threshold(v, 1, a.top_k, sm);
+    uint64_t* out = cand + ((int64_t)r * splits + s) * k_sample_max_top_k;
+    if (threadIdx.x == 0) sm.count = 0;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (v[j] >= 1 && v[j] >= t) out[atomicAdd(&sm.count, 1)] = v[j];
+    __syncthreads();
+    for (int j = sm.count + (int)threadIdx.x; j < a.top_k; j += SPLIT_THREADS) out[j] = 0;
+}
+
+template <class Rows>
+__global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(int32_t* ids, const uint64_t* cand, const float* logits,
+                                                             int64_t ld, int n, int splits, Rows rows) {
+    const int r = blockIdx.x, tid = threadIdx.x;
+    sample_args a;
+    uint64_t* st;
+    if (!rows.get(r, n, a, st)) return;
+    const int k = a.top_k, m_all = splits * k;
+    const uint64_t* c = cand + (int64_t)r * splits * k_sample_max_top_k;
+    uint64_t v[DRAW_PER];
+    uint64_t best = 0;
+#pragma unroll
+    for (int j = 0; j < DRAW_PER; j++) {
+        const int e = j * DRAW_THREADS + tid;
+        v[j] = e < m_all ? c[(e / k) * k_sample_max_top_k + e % k] : 0;
+        best = max(best, v[j]);
+    }
+    __shared__ select_smem<DRAW_THREADS> sm;
+    __shared__ uint64_t c_val[k_sample_max_top_k];
+    __shared__ int c_id[k_sample_max_top_k];
+    __shared__ float c_sorted[k_sample_max_top_k], c_w[k_sample_max_top_k];
+    best = block_max(best, sm);
+
+    // a non-finite best (an infinite logit, every token -inf or NaN): the host's argmax, the first id of the best key
+    const float* l = logits + (int64_t)r * ld;
+    const uint32_t km = (uint32_t)(best >> 32);
+    if (km == 0 || !isfinite(key_value(km))) {
+        if (tid == 0) ids[r] = id_of(best);
         return;
     }
-    const uint32_t kf = key_of(sampling_math::floor_logit(best, a.temperature));
-    int cnt = 0;
-    for (int i = i0; i < i1; i++) cnt += key_of(l[i]) >= kf;
-    int need = min(a.top_k, block_sum(cnt, s_i));  // >= 1: the best is above the floor
-
-    // 2. radix select: after the four passes, tau is the need-th largest candidate key and `need` says how many
-    //    of the keys equal to tau are taken (the rest of the top_k lie above tau)
-    uint32_t tau = 0, mask = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = tid; b < 256; b += THREADS) hist[b] = 0;
-        __syncthreads();
-        for (int j = 0; j < per; j++) {  // the same trip count in every thread: the warp stays converged
-            const int i = i0 + j;
-            int bin = 256;
-            if (i < i1) {
-                const uint32_t k = key_of(l[i]);
-                if (k >= kf && (k & mask) == tau) bin = (int)((k >> shift) & 255u);
-            }
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-        }
-        __syncthreads();
-        if (tid == 0) {
-            int cum = 0, b = 255;
-            for (; b > 0 && cum + hist[b] < need; b--) cum += hist[b];
-            s_sel = b, s_need = need - cum;
-        }
-        __syncthreads();
-        tau |= (uint32_t)s_sel << shift, mask |= 0xFFu << shift, need = s_need;
-        __syncthreads();
-    }
-
-    // 3. candidates: keys above tau, and the `need` lowest-id keys equal to it
-    int ties = 0;
-    for (int i = i0; i < i1; i++) ties += key_of(l[i]) == tau;
-    int taken = block_exclusive_scan(ties, s_i);  // ties at lower ids (the threads before own them)
-    if (tid == 0) s_m = 0;
+    const uint64_t lo = (uint64_t)order_key(sampling_math::floor_logit(key_value(km), a.temperature)) << 32;
+    const uint64_t t = select_threshold(v, lo, k, sm);
+    if (tid == 0) sm.count = 0;
     __syncthreads();
-    for (int i = i0; i < i1; i++) {
-        const uint32_t k = key_of(l[i]);
-        if (k > tau || (k == tau && taken++ < need)) {
-            const int slot = atomicAdd(&s_m, 1);
-            c_key[slot] = k, c_id[slot] = i;
-        }
+#pragma unroll
+    for (int j = 0; j < DRAW_PER; j++)
+        if (v[j] >= lo && v[j] >= t) c_val[atomicAdd(&sm.count, 1)] = v[j];
+    __syncthreads();
+    const int m = sm.count;
+    if (tid < m) {  // rank by (logit descending, id ascending): the candidates are distinct
+        int rank = 0;
+        for (int j = 0; j < m; j++) rank += c_val[j] > c_val[tid];
+        c_id[rank] = id_of(c_val[tid]);
+        c_sorted[rank] = l[c_id[rank]];  // the logit itself (-0 stays -0, as the host sees it)
     }
     __syncthreads();
-    const int m = s_m;
-    if (tid < m) {  // rank by (logit descending, id ascending)
-        int r = 0;
-        for (int j = 0; j < m; j++) r += c_key[j] > c_key[tid] || (c_key[j] == c_key[tid] && c_id[j] < c_id[tid]);
-        c_sorted[r] = l[c_id[tid]], c_sorted_id[r] = c_id[tid];
-    }
-    __syncthreads();
-
-    // 4. the draw, as the host sampler makes it
     if (tid == 0) {
-        uint64_t st = *rng_r;
-        const double u = sampling_math::rng_uniform(st);
-        *rng_r = st;
+        uint64_t s = *st;
+        const double u = sampling_math::rng_uniform(s);
+        *st = s;
         const int i = sampling_math::draw_sorted(c_sorted, m, sampling_math::inv_temperature(a.temperature), a.top_p,
                                                  a.min_p, u, c_w);
-        *ids_r = c_sorted_id[i];
+        ids[r] = c_id[i];
     }
 }
 
-__global__ void __launch_bounds__(THREADS) sample_kernel(int32_t* ids, const float* logits, int64_t ld, int n,
-                                                         sample_args a, uint64_t* rng) {
-    sample_row(ids + blockIdx.x, logits + (int64_t)blockIdx.x * ld, n, a, rng + blockIdx.x);
+struct split_plan {
+    int splits, slice;
+    bool wide;  // 16 ids a thread (slices of up to 2 * k_slice) instead of 8
+};
+split_plan plan_for(int64_t n) {
+    split_plan p;
+    p.splits = (int)std::min<int64_t>(k_max_splits, (n + k_slice - 1) / k_slice);
+    p.slice = (int)((n + p.splits - 1) / p.splits);
+    p.wide = p.slice > k_slice;
+    return p;
 }
 
-// Row r draws with the parameters and rng of its slot; rows whose slot does not sample on the device keep ids[r].
-__global__ void __launch_bounds__(THREADS) sample_slots_kernel(int32_t* ids, const float* logits, int64_t ld, int n,
-                                                               const float* params, uint64_t* rng,
-                                                               const int32_t* row_slot) {
-    const int r = blockIdx.x, s = row_slot[r];
-    const float* p = params + (int64_t)s * 4;
-    sample_args a;
-    a.temperature = p[0], a.top_k = (int)p[1], a.top_p = p[2], a.min_p = p[3];
-    if (!(a.temperature > 0) || a.top_k < 1 || a.top_k > k_sample_max_top_k || a.top_k >= n) return;
-    sample_row(ids + r, logits + (int64_t)r * ld, n, a, rng + s);
+template <class Rows>
+void launch(int32_t* ids, const float* logits, int rows, int64_t ld, int64_t n, Rows rs, uint64_t* scratch,
+            cudaStream_t stream) {
+    const split_plan p = plan_for(n);
+    const dim3 grid((unsigned)p.splits, (unsigned)rows);
+    if (p.wide)
+        split_kernel<2 * k_slice / SPLIT_THREADS><<<grid, SPLIT_THREADS, 0, stream>>>(scratch, logits, ld, (int)n, p.splits, p.slice, rs);
+    else
+        split_kernel<k_slice / SPLIT_THREADS><<<grid, SPLIT_THREADS, 0, stream>>>(scratch, logits, ld, (int)n, p.splits, p.slice, rs);
+    CUDA_CHECK_LAUNCH();
+    draw_kernel<<<(unsigned)rows, DRAW_THREADS, 0, stream>>>(ids, scratch, logits, ld, (int)n, p.splits, rs);
+    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
+size_t sample_scratch_words(int rows, int64_t n_valid) {
+    return (size_t)rows * (size_t)plan_for(std::max<int64_t>(n_valid, 1)).splits * k_sample_max_top_k;
+}
+
 void sample_rows(int32_t* ids, const float* logits, int rows, int64_t ld, int64_t n_valid, const sample_args& a,
-                 uint64_t* rng, cudaStream_t stream) {
+                 uint64_t* rng, uint64_t* scratch, cudaStream_t stream) {
     TANSY_CHECK(a.temperature > 0 && a.top_k >= 1 && a.top_k <= k_sample_max_top_k && a.top_k < n_valid &&
-                    n_valid <= ld && n_valid <= INT_MAX && a.top_p > 0 && a.top_p <= 1 && a.min_p >= 0 && a.min_p < 1,
+                    n_valid <= ld && n_valid <= k_sample_max_ids && a.top_p > 0 && a.top_p <= 1 && a.min_p >= 0 &&
+                    a.min_p < 1,
                 "cuda sampling: temperature %g, top-k %d of %lld, top-p %g, min-p %g", a.temperature, a.top_k,
                 (long long)n_valid, a.top_p, a.min_p);
     if (rows == 0) return;
-    sample_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(ids, logits, ld, (int)n_valid, a, rng);
-    CUDA_CHECK_LAUNCH();
+    launch(ids, logits, rows, ld, n_valid, fixed_rows{a, rng}, scratch, stream);
 }
 
 void sample_slot_rows(int32_t* ids, const float* logits, int rows, int64_t ld, int64_t n_valid, const float* params,
-                      uint64_t* rng, const int32_t* row_slot, cudaStream_t stream) {
-    TANSY_CHECK(n_valid <= ld && n_valid <= INT_MAX, "cuda sampling: %lld of %lld ids", (long long)n_valid, (long long)ld);
+                      uint64_t* rng, const int32_t* row_slot, uint64_t* scratch, cudaStream_t stream) {
+    TANSY_CHECK(n_valid <= ld && n_valid <= k_sample_max_ids, "cuda sampling: %lld of %lld ids (at most %lld)",
+                (long long)n_valid, (long long)ld, (long long)k_sample_max_ids);
     if (rows == 0) return;
-    sample_slots_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(ids, logits, ld, (int)n_valid, params, rng, row_slot);
-    CUDA_CHECK_LAUNCH();
+    launch(ids, logits, rows, ld, n_valid, slot_rows{params, row_slot, rng}, scratch, stream);
 }
 
 }  // namespace tansy::cuda
