@@ -222,6 +222,9 @@ class backend {
 
     // Device memory in use by this process (0 where not applicable), and a description of the device.
     virtual size_t device_memory_used() const { return 0; }
+    // Hands memory that ended sequences freed back to the device (the CUDA backend keeps it pooled for the next
+    // sequence until told): called when a server goes idle.
+    virtual void release_free_memory() {}
     virtual std::string device_name() const { return name(); }
     // Which kernels run which op, in words (one decision a line, lines after the first start with indent).
     virtual std::string kernel_summary(const char* indent = "") const {

@@ -448,13 +448,14 @@ void scheduler::step() {
     stats_.decode_rows += (uint64_t)batch.size();
 }
 
-// Freed sequence states stay in the allocator's free lists (glibc keeps large freed blocks in its arenas once
-// it has raised its mmap threshold); when the batch drains, hand them back so an idle server's memory returns
-// to its idle level.
+// Freed sequence states stay in the allocators' free lists (glibc keeps large freed blocks in its arenas once
+// it has raised its mmap threshold; the CUDA backend pools device states); when the batch drains, hand them
+// back so an idle server's memory returns to its idle level.
 void scheduler::release_free_memory() {
 #ifdef __GLIBC__
     malloc_trim(0);
 #endif
+    eng_.be().release_free_memory();
 }
 
 // Ended sequences leave the batch and free their state and slot, except those in the step still in flight (it

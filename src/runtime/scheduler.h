@@ -160,7 +160,7 @@ class scheduler {
     void finish(sequence& s, finish_reason r, const std::string& error = "");
     void sweep_finished();
     bool store_finished(sequence& s);  // true when it went into the prefix cache
-    static void release_free_memory();
+    void release_free_memory();
     bool needs_host_logits(const sequence& s) const;
     void update_mask(sequence& s);
     size_t running_bytes() const;

@@ -189,6 +189,33 @@ TEST(cuda_model, graphs_replay_what_eager_decode_does) {
     EXPECT_EQ(a, c);
 }
 
+// Sequence states come from the stream-ordered pool (device.h stream_buffer): one the device cannot hold is a
+// tansy::error naming the shortage (a server ends that request), not an abort, and the engine runs on after it;
+// states freed and made again in between steps reuse the pool.
+TEST(cuda_model, a_state_the_device_cannot_hold_is_an_error_and_the_engine_runs_on) {
+    TANSY_REQUIRE_GPU();
+    engine& g = gpu_engine(test::fixture("tiny-qwen35moe-mlx4"));
+    const std::vector<int32_t> prompt = {220, 5, 7, 11, 13, 17, 19, 23};
+    auto run = [&] {
+        std::vector<int32_t> out;
+        auto st = g.new_sequence(64);
+        generation_request req;
+        req.prompt = prompt, req.max_tokens = 12;
+        g.generate(*st, req, [&](int32_t t) { return out.push_back(t), true; });
+        return out;
+    };
+    const std::vector<int32_t> before = run();
+    try {
+        auto huge = g.new_sequence(int64_t(1) << 40);  // petabytes of KV cache
+        ADD_FAILURE() << "a state of " << huge->bytes() << " bytes was allocated";
+    } catch (const tansy::error& e) {
+        EXPECT_NE(std::string(e.what()).find("out of device memory"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(run(), before);
+    g.be().release_free_memory();
+    EXPECT_EQ(run(), before);
+}
+
 // Sampled decoding drawn on the device (backend::sample, sample.cu) as one graph replay per step, against the same
 // run drawn by the host sampler from downloaded logits: the same logits, seed and arithmetic (sampler_math.h)
 // give the same tokens.

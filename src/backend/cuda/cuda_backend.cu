@@ -53,7 +53,7 @@ class cuda_state final : public seq_state {
         scale_bytes_ = (scale_bytes_ + 255) / 256 * 256;
         conv_bytes_ = (size_t)n_gdn * 2 * sh.conv_rows * sh.conv_ch * 4;
         s_bytes_ = (size_t)n_gdn * sh.s_elems * 4;
-        mem_ = device_buffer(kv_bytes_ + scale_bytes_ + conv_bytes_ + s_bytes_ + 256);
+        mem_ = stream_buffer(kv_bytes_ + scale_bytes_ + conv_bytes_ + s_bytes_ + 256, stream);
         if (zero) reset();
     }
     std::unique_ptr<seq_state> clone() const override {
@@ -105,7 +105,7 @@ class cuda_state final : public seq_state {
     int n_attn_, n_gdn_;
     cudaStream_t stream_;
     size_t kv_bytes_ = 0, scale_bytes_ = 0, conv_bytes_ = 0, s_bytes_ = 0;
-    device_buffer mem_;
+    stream_buffer mem_;  // stream-ordered: a state freed while steps are queued does not wait for them
 };
 
 // A growable device array. Growing it moves it: `epoch` counts moves so captured graphs can be invalidated.
@@ -551,6 +551,7 @@ class cuda_backend final : public backend {
                           scratch, stream_);
     }
 
+    void release_free_memory() override { trim_stream_pool(); }
     size_t device_memory_used() const override {
         size_t free_b = 0, total = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
