@@ -15,7 +15,8 @@ struct pair_of_backends {
     std::unique_ptr<backend> cpu, gpu;
 };
 
-inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c, bool precise_gemm = false, bool kv_fp8 = false) {
+inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c, bool precise_gemm = false, bool kv_fp8 = false,
+                                                   const kernel_options& kernels = {}) {
     auto p = std::make_unique<pair_of_backends>();
     synthetic_options so;
     so.materialize = true;
@@ -24,6 +25,7 @@ inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c, bool p
     backend_options bo;
     bo.precise_gemm = precise_gemm;
     bo.kv_fp8 = kv_fp8;
+    bo.kernels = kernels;
     p->cpu = make_backend("cpu", c, bo);
     p->gpu = make_backend("cuda", c, bo);
     p->cpu->bind(p->m);

@@ -120,6 +120,29 @@ TEST(cuda_ops, real_shapes) {
     check_ops(real_config());
 }
 
+// A decode batch of 17+ sequences with the kernel plan's moe_groups: the MoE runs the decode kernels in even
+// groups of <= 16 rows (17 = 9 + 8, 33 = 11 + 11 + 11, 50, 64 = 4 x 16), in both modes, against the CPU.
+TEST(cuda_ops, moe_in_decode_groups) {
+    TANSY_REQUIRE_GPU();
+    kernel_options k;
+    k.moe_groups = 64;
+    for (const model_config& cfg : {tiny_config(), real_config()})
+        for (bool precise : {false, true}) {
+            auto p = make_pair(cfg, precise, false, k);
+            const model_config& c = p->m.cfg;
+            for (int layer : {0, 3}) {
+                const layer_weights& l = p->m.w.layers[(size_t)layer];
+                for (int T : {17, 33, 50, 64}) {
+                    twin x(*p, T, c.hidden, 400 + (uint32_t)T, 2.0f);
+                    p->cpu->moe(x.c.t(), vv(l.post_norm), c.eps, l.moe);
+                    p->gpu->moe(x.g.t(), vv(l.post_norm), c.eps, l.moe);
+                    EXPECT_LT(x.diff(*p), precise ? TOL_FP32_OP : TOL_F16_INPUT_OP)
+                        << "hidden " << c.hidden << (precise ? " precise" : " fast") << " layer " << layer << " T=" << T;
+                }
+            }
+        }
+}
+
 // The router tap at other shapes: hidden 1024 (one int8 chunk per lane), expert width 128, 40 experts top-5 and
 // 300 experts top-10 (over 256: the top-k's 16-keys-per-lane form); the attention o_proj (K = 2048) takes the tap,
 // the DeltaNet out_proj (K = 512) the plain GEMV and router.

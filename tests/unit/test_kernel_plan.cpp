@@ -25,7 +25,10 @@ TEST(kernel_plan, parses_kernel_options) {
     EXPECT_EQ(cuda::parse_kernel_options("int8=on;wgmma=off", &n), "");  // ';' as scripts/device.sh ab-multi needs
     EXPECT_EQ(n.int8_inputs, 1);
     EXPECT_EQ(n.gemm_wgmma, 0);
-    for (const char* bad : {"mma=gemv2", "int8=maybe", "tiles=64", "int8"}) {
+    EXPECT_EQ(n.moe_groups, -1);
+    EXPECT_EQ(cuda::parse_kernel_options("moe_groups=64", &n), "");
+    EXPECT_EQ(n.moe_groups, 64);
+    for (const char* bad : {"mma=gemv2", "int8=maybe", "tiles=64", "int8", "moe_groups=-1", "moe_groups=", "moe_groups=8x"}) {
         kernel_options b;
         EXPECT_NE(cuda::parse_kernel_options(bad, &b), "") << bad;
     }
@@ -65,6 +68,17 @@ TEST(kernel_plan, describes_each_row_range) {
           "17+ rows", "(4-bit: wgmma)", "attention  spans < 16 rows", "deltanet   spans <= 16 rows"})
         EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
     EXPECT_NE(s.find("\n  "), std::string::npos);  // continuation lines take the indent
+    EXPECT_EQ(s.find("rows  moe: the decode kernels"), std::string::npos);  // off by default
+    kernel_options g;
+    g.moe_groups = 64;
+    const cuda::kernel_plan pg = cuda::make_kernel_plan(dev, nullptr, false, g);
+    EXPECT_NE(pg.describe().find("17-64 rows  moe: the decode kernels above in groups of <= 16 rows"), std::string::npos)
+        << pg.describe();
+    EXPECT_NE(pg.describe().find("65+ rows   moe: grouped GEMMs"), std::string::npos) << pg.describe();
+    EXPECT_FALSE(pg.moe_in_groups(16));
+    EXPECT_TRUE(pg.moe_in_groups(17));
+    EXPECT_TRUE(pg.moe_in_groups(64));
+    EXPECT_FALSE(pg.moe_in_groups(65));
     kernel_options o;
     o.gemm_wgmma = 0;
     EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, true, o).describe().find("precise"), std::string::npos);

@@ -363,7 +363,9 @@ class cuda_backend final : public backend {
         int32_t* idx = ws_idx_.ensure((size_t)T * k);
         float* wt = ws_wt_.ensure((size_t)T * k);
         float* sig = ws_sig_.ensure((size_t)T);
-        const bool grouped = use_gemm(T, {&md.m.gate, &md.m.up, &md.m.down, &md.m.s_gate, &md.m.s_up, &md.m.s_down});
+        const bool in_groups = plan_.moe_in_groups(T);  // a decode batch of 17+ rows on the decode kernels
+        const bool grouped =
+            !in_groups && use_gemm(T, {&md.m.gate, &md.m.up, &md.m.down, &md.m.s_gate, &md.m.s_up, &md.m.s_down});
         // the experts' fp32 activations: the GEMV path's and the precise GEMMs' (fast GEMMs keep them in fp16)
         float* h = grouped && !precise_gemm_
                        ? nullptr
@@ -401,9 +403,18 @@ class cuda_backend final : public backend {
             moe_grouped(f32(x), x.cols, md.m, xin, m16, idx, wt, sig, h, h16, y, T);
             return;
         }
-        // fast mode: inputs rounded as the grouped GEMM's fp16 operands (m16, and h16 = h * k_down_a_scale)
-        moe_route_gate_up(h, md.m, route, xin, x.cols, T, nw, eps, /*f16=*/!precise_gemm_, stream_);
-        moe_down(f32(x), x.cols, md.m, idx, wt, sig, h, T, precise_gemm_ ? 0.0f : k_down_a_scale, stream_);
+        // fast mode: inputs rounded as the grouped GEMM's fp16 operands (m16, and h16 = h * k_down_a_scale);
+        // more rows than the decode kernels take: in even groups of at most k_mma_max_tokens, one after another
+        const int n_groups = (T + k_mma_max_tokens - 1) / k_mma_max_tokens;
+        for (int g = 0, t0 = 0; g < n_groups; g++) {
+            const int n = (T - t0) / (n_groups - g);
+            moe_routing rg = route;
+            rg.logits += (size_t)t0 * (E + 1), rg.idx += (size_t)t0 * k, rg.wt += (size_t)t0 * k, rg.sig += t0;
+            moe_route_gate_up(h, md.m, rg, xin + (size_t)t0 * x.cols, x.cols, n, nw, eps, /*f16=*/!precise_gemm_, stream_);
+            moe_down(f32(x) + (size_t)t0 * x.cols, x.cols, md.m, rg.idx, rg.wt, rg.sig, h, n,
+                     precise_gemm_ ? 0.0f : k_down_a_scale, stream_);
+            t0 += n;
+        }
     }
 
     // One decode token in fast mode: the output projection's GEMV also sums the router's logits (gemv's router

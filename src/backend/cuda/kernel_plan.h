@@ -65,11 +65,16 @@ struct kernel_plan {
     unsigned mma_families = k_mma_default_families;  // mma_family bits
     bool int8_inputs = true;  // fast mode's one-row 4-bit decode kernels take x as two-level int8 (xq.cuh, dp4a)
     bool gemm_wgmma = true;   // fast-mode 4-bit GEMMs of 128-row tiles on wgmma where built and on cc 9.0
+    // MoE blocks of k_gemm_min_rows .. moe_groups rows (a decode batch of 17+ sequences) run the decode kernels in
+    // groups of at most k_mma_max_tokens rows instead of the grouped GEMMs (0: never): each group reads the experts
+    // its rows touch, where the GEMMs' 64-row tiles hold 2-8 rows per expert.
+    int moe_groups = 0;
     std::string source = "defaults";  // where the switches came from: defaults, --kernels, TANSY_KERNELS
 
     bool mma(mma_family f) const { return (mma_families & f) != 0; }
     bool wgmma() const { return gemm_wgmma && dev.wgmma; }
     static bool use_gemm(int64_t rows) { return rows >= k_gemm_min_rows; }
+    bool moe_in_groups(int64_t rows) const { return rows >= k_gemm_min_rows && rows <= moe_groups; }
     // The plan in words, one decision a line, each line starting with `indent` (after the first).
     std::string describe(const char* indent = "") const;
 };
@@ -96,6 +101,7 @@ bool set_gemm_wgmma_requested(bool on);
 //   mma=FAMILIES   decode families on tensor cores: '+'-joined gemv1, gemvn, gate_up, down, or all / none
 //   int8=on|off    int8 inputs of the one-row 4-bit decode kernels (off: fp16 inputs)
 //   wgmma=on|off   Hopper wgmma for the prompt GEMMs (off: mma.sync)
+//   moe_groups=N   MoE blocks of 17..N rows on the decode kernels in groups of <= 16 rows (0: grouped GEMMs)
 // Returns an empty string, or what is wrong with the spec.
 std::string parse_kernel_options(const std::string& spec, kernel_options* opt);
 
