@@ -240,6 +240,7 @@ struct kernel_options {
     int int8_inputs = -1;   // 0/1: int8 inputs of the one-row 4-bit decode kernels
     int gemm_wgmma = -1;    // 0/1: Hopper wgmma for the prompt GEMMs' 128-row tiles
     int moe_groups = -1;    // >= 0: MoE of 17 .. this many rows on the decode kernels, in groups of <= 16 rows
+    int dense_groups = -1;  // >= 0: dense products of 17 .. this many rows on the GEMV kernels, likewise
 };
 
 struct backend_options {

@@ -120,25 +120,37 @@ TEST(cuda_ops, real_shapes) {
     check_ops(real_config());
 }
 
-// A decode batch of 17+ sequences with the kernel plan's moe_groups: the MoE runs the decode kernels in even
-// groups of <= 16 rows (17 = 9 + 8, 33 = 11 + 11 + 11, 50, 64 = 4 x 16), in both modes, against the CPU.
-TEST(cuda_ops, moe_in_decode_groups) {
+// A decode batch of 17+ sequences with the kernel plan's moe_groups and dense_groups: the MoE and the dense
+// products run the decode kernels in even groups of <= 16 rows (17 = 9 + 8, 33 = 11 + 11 + 11, 50, 64 = 4 x 16),
+// in both modes, against the CPU.
+TEST(cuda_ops, decode_kernels_in_groups) {
     TANSY_REQUIRE_GPU();
     kernel_options k;
-    k.moe_groups = 64;
+    k.moe_groups = k.dense_groups = 64;
     for (const model_config& cfg : {tiny_config(), real_config()})
         for (bool precise : {false, true}) {
             auto p = make_pair(cfg, precise, false, k);
             const model_config& c = p->m.cfg;
-            for (int layer : {0, 3}) {
-                const layer_weights& l = p->m.w.layers[(size_t)layer];
-                for (int T : {17, 33, 50, 64}) {
-                    twin x(*p, T, c.hidden, 400 + (uint32_t)T, 2.0f);
-                    p->cpu->moe(x.c.t(), vv(l.post_norm), c.eps, l.moe);
-                    p->gpu->moe(x.g.t(), vv(l.post_norm), c.eps, l.moe);
-                    EXPECT_LT(x.diff(*p), precise ? TOL_FP32_OP : TOL_F16_INPUT_OP)
-                        << "hidden " << c.hidden << (precise ? " precise" : " fast") << " layer " << layer << " T=" << T;
+            const layer_weights& gl = p->m.w.layers[0];  // DeltaNet layer
+            const layer_weights& al = p->m.w.layers[3];  // attention layer
+            const double tol = precise ? TOL_FP32_OP : TOL_F16_INPUT_OP;
+            for (int T : {17, 33, 50, 64}) {
+                SCOPED_TRACE("hidden " + std::to_string(c.hidden) + (precise ? " precise" : " fast") + " T=" +
+                             std::to_string(T));
+                twin x(*p, T, c.hidden, 400 + (uint32_t)T, 2.0f);
+                twin qkv(*p, T, c.lin_conv_dim()), z(*p, T, c.lin_value_dim()), b(*p, T, c.lin_v_heads),
+                    a(*p, T, c.lin_v_heads);
+                for (auto* be : {p->cpu.get(), p->gpu.get()}) {
+                    const bool g = be == p->gpu.get();
+                    auto pick = [&](twin& t) { return g ? t.g.t() : t.c.t(); };
+                    be->project({pick(qkv), pick(z), pick(b), pick(a)}, pick(x), vv(gl.input_norm), c.eps,
+                                {&gl.gdn.in_qkv, &gl.gdn.in_z, &gl.gdn.in_b, &gl.gdn.in_a});
+                    be->matmul(pick(x), pick(z), gl.gdn.out_proj, true);  // residual accumulate
+                    be->moe(pick(x), vv(gl.post_norm), c.eps, gl.moe);
+                    be->moe(pick(x), vv(al.post_norm), c.eps, al.moe);
                 }
+                for (twin* t : {&qkv, &z, &b, &a}) EXPECT_LT(t->diff(*p), tol) << "project";
+                EXPECT_LT(x.diff(*p), tol) << "matmul accumulate + moe";
             }
         }
 }

@@ -28,6 +28,9 @@ TEST(kernel_plan, parses_kernel_options) {
     EXPECT_EQ(n.moe_groups, -1);
     EXPECT_EQ(cuda::parse_kernel_options("moe_groups=64", &n), "");
     EXPECT_EQ(n.moe_groups, 64);
+    EXPECT_EQ(cuda::parse_kernel_options("dense_groups=32;moe_groups=0", &n), "");
+    EXPECT_EQ(n.dense_groups, 32);
+    EXPECT_EQ(n.moe_groups, 0);
     for (const char* bad : {"mma=gemv2", "int8=maybe", "tiles=64", "int8", "moe_groups=-1", "moe_groups=", "moe_groups=8x"}) {
         kernel_options b;
         EXPECT_NE(cuda::parse_kernel_options(bad, &b), "") << bad;
@@ -79,6 +82,14 @@ TEST(kernel_plan, describes_each_row_range) {
     EXPECT_TRUE(pg.moe_in_groups(17));
     EXPECT_TRUE(pg.moe_in_groups(64));
     EXPECT_FALSE(pg.moe_in_groups(65));
+    EXPECT_FALSE(pg.dense_in_groups(17));  // its own switch
+    g.dense_groups = 32;
+    const cuda::kernel_plan pd = cuda::make_kernel_plan(dev, nullptr, false, g);
+    EXPECT_NE(pd.describe().find("17-32 rows  dense: the 2-16 row kernels above in groups of <= 16 rows"), std::string::npos)
+        << pd.describe();
+    EXPECT_NE(pd.describe().find("33+ rows   dense: GEMM"), std::string::npos) << pd.describe();
+    EXPECT_TRUE(pd.dense_in_groups(32));
+    EXPECT_FALSE(pd.dense_in_groups(33));
     kernel_options o;
     o.gemm_wgmma = 0;
     EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, true, o).describe().find("precise"), std::string::npos);

@@ -627,7 +627,7 @@ class cuda_backend final : public backend {
     // the RMS norm nw into their prologue for T <= k_gemv_max_norm_rows) otherwise.
     void dense(const dmat& W, const float* x, int64_t ldx, int T, const float* nw, float eps, const gemv_segment* seg,
                int n_seg, bool accumulate, bool precise = false) {
-        if (use_gemm(T, {&W})) {
+        if (!plan_.dense_in_groups(T) && use_gemm(T, {&W})) {
             TANSY_CHECK(nw == nullptr, "gemm: normalise the input first");
             gemm_params p;
             p.W = W, p.N = W.rows, p.x = x, p.ldx = ldx, p.M = T, p.precise = precise || precise_gemm_;
@@ -642,7 +642,18 @@ class cuda_backend final : public backend {
             gemm(p, stream_);
             return;
         }
-        dense_gemv(W, x, ldx, T, nw, eps, seg, n_seg, accumulate, /*f16=*/!(precise || precise_gemm_));
+        const bool f16 = !(precise || precise_gemm_);
+        if (!plan_.dense_in_groups(T)) return dense_gemv(W, x, ldx, T, nw, eps, seg, n_seg, accumulate, f16);
+        // a decode batch of 17+ rows on the GEMV kernels: even groups of at most k_mma_max_tokens rows
+        TANSY_CHECK(nw == nullptr, "dense: normalise the input of %d rows first", T);
+        const int n_groups = (T + k_mma_max_tokens - 1) / k_mma_max_tokens;
+        for (int g = 0, t0 = 0; g < n_groups; g++) {
+            const int n = (T - t0) / (n_groups - g);
+            gemv_segment sg[4];
+            for (int i = 0; i < n_seg; i++) sg[i] = seg[i], sg[i].out = seg[i].out + (size_t)t0 * seg[i].ld;
+            dense_gemv(W, x + (size_t)t0 * ldx, ldx, n, nullptr, eps, sg, n_seg, accumulate, f16);
+            t0 += n;
+        }
     }
 
     // The GEMV path of dense() (fp32 math; T <= k_gemv_max_norm_rows when nw is set). f16: the inputs rounded to

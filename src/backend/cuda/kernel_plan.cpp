@@ -63,10 +63,12 @@ void apply(const kernel_options& o, kernel_plan& p) {
     if (o.int8_inputs >= 0) p.int8_inputs = o.int8_inputs != 0;
     if (o.gemm_wgmma >= 0) p.gemm_wgmma = o.gemm_wgmma != 0;
     if (o.moe_groups >= 0) p.moe_groups = o.moe_groups;
+    if (o.dense_groups >= 0) p.dense_groups = o.dense_groups;
 }
 
 bool any(const kernel_options& o) {
-    return o.mma_families >= 0 || o.int8_inputs >= 0 || o.gemm_wgmma >= 0 || o.moe_groups >= 0;
+    return o.mma_families >= 0 || o.int8_inputs >= 0 || o.gemm_wgmma >= 0 || o.moe_groups >= 0 ||
+           o.dense_groups >= 0;
 }
 
 // TANSY_KERNELS: the debug override, on top of whatever the options chose. A malformed value aborts (it is set by
@@ -102,7 +104,7 @@ std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
         i = j + 1;
         if (item.empty()) continue;
         const size_t eq = item.find('=');
-        if (eq == std::string::npos) return "'" + item + "' is not KEY=VALUE (keys: mma, int8, wgmma, moe_groups)";
+        if (eq == std::string::npos) return "'" + item + "' is not KEY=VALUE (keys: mma, int8, wgmma, moe_groups, dense_groups)";
         const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
         if (key == "mma") {
             unsigned f = 0;
@@ -114,13 +116,13 @@ std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
             const int b = parse_on_off(val);
             if (b < 0) return key + " must be on or off, got '" + val + "'";
             (key == "int8" ? opt->int8_inputs : opt->gemm_wgmma) = b;
-        } else if (key == "moe_groups") {
+        } else if (key == "moe_groups" || key == "dense_groups") {
             char* end = nullptr;
             const long n = strtol(val.c_str(), &end, 10);
-            if (val.empty() || *end || n < 0 || n > 4096) return "moe_groups takes a row count in 0..4096, got '" + val + "'";
-            opt->moe_groups = (int)n;
+            if (val.empty() || *end || n < 0 || n > 4096) return key + " takes a row count in 0..4096, got '" + val + "'";
+            (key == "moe_groups" ? opt->moe_groups : opt->dense_groups) = (int)n;
         } else {
-            return "unknown key '" + key + "' (mma, int8, wgmma, moe_groups)";
+            return "unknown key '" + key + "' (mma, int8, wgmma, moe_groups, dense_groups)";
         }
     }
     return "";
@@ -152,8 +154,8 @@ std::string kernel_plan::describe(const char* indent) const {
     if (!dev.name.empty())
         line("device     %s: compute capability %d.%d, %d SMs, %zu KB shared memory per block", dev.name.c_str(),
              dev.cc / 10, dev.cc % 10, dev.sms, dev.smem_optin / 1024);
-    line("switches   mma=%s int8=%s wgmma=%s moe_groups=%d (%s)%s", families_name(mma_families).c_str(),
-         int8_inputs ? "on" : "off", gemm_wgmma ? "on" : "off", moe_groups, source.c_str(),
+    line("switches   mma=%s int8=%s wgmma=%s moe_groups=%d dense_groups=%d (%s)%s", families_name(mma_families).c_str(),
+         int8_inputs ? "on" : "off", gemm_wgmma ? "on" : "off", moe_groups, dense_groups, source.c_str(),
          gemm_wgmma && !wgmma() ? "; wgmma: not in this build or not on this device" : "");
     line("mode       %s", precise ? "precise (--gemm precise): split-bf16 GEMM operands, fp32 decode inputs"
                                   : "fast: fp16 GEMM operands; decode inputs rounded to fp16 as the GEMMs' are");
@@ -177,7 +179,11 @@ std::string kernel_plan::describe(const char* indent) const {
          int8 ? "moe_decode_warp (int8), else " : "", mma(mma_down) ? "moe_decode_mma, else " : "",
          int8 ? "moe_decode_warp (int8), else " : "",
          int8 ? ", or one token's from out_proj's tap" : "");
-    line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s", k_gemm_min_rows,
+    if (dense_groups >= k_gemm_min_rows)
+        line("%d-%d rows  dense: the 2-%d row kernels above in groups of <= %d rows", k_gemm_min_rows, dense_groups,
+             k_gemm_min_rows - 1, k_mma_max_tokens);
+    line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s",
+         std::max(k_gemm_min_rows, dense_groups + 1),
          k_gemm_wide_min_rows, !fast ? " (fast mode only)" : wgmma() ? " (4-bit: wgmma)" : " (mma.sync)");
     if (moe_groups >= k_gemm_min_rows)
         line("%d-%d rows  moe: the decode kernels above in groups of <= %d rows; router: a precise GEMM", k_gemm_min_rows,

@@ -69,12 +69,15 @@ struct kernel_plan {
     // groups of at most k_mma_max_tokens rows instead of the grouped GEMMs (0: never): each group reads the experts
     // its rows touch, where the GEMMs' 64-row tiles hold 2-8 rows per expert.
     int moe_groups = 0;
+    // Dense products of k_gemm_min_rows .. dense_groups rows likewise on the GEMV kernels (0: never).
+    int dense_groups = 0;
     std::string source = "defaults";  // where the switches came from: defaults, --kernels, TANSY_KERNELS
 
     bool mma(mma_family f) const { return (mma_families & f) != 0; }
     bool wgmma() const { return gemm_wgmma && dev.wgmma; }
     static bool use_gemm(int64_t rows) { return rows >= k_gemm_min_rows; }
     bool moe_in_groups(int64_t rows) const { return rows >= k_gemm_min_rows && rows <= moe_groups; }
+    bool dense_in_groups(int64_t rows) const { return rows >= k_gemm_min_rows && rows <= dense_groups; }
     // The plan in words, one decision a line, each line starting with `indent` (after the first).
     std::string describe(const char* indent = "") const;
 };
@@ -102,6 +105,7 @@ bool set_gemm_wgmma_requested(bool on);
 //   int8=on|off    int8 inputs of the one-row 4-bit decode kernels (off: fp16 inputs)
 //   wgmma=on|off   Hopper wgmma for the prompt GEMMs (off: mma.sync)
 //   moe_groups=N   MoE blocks of 17..N rows on the decode kernels in groups of <= 16 rows (0: grouped GEMMs)
+//   dense_groups=N dense products of 17..N rows on the GEMV kernels in groups of <= 16 rows (0: GEMMs)
 // Returns an empty string, or what is wrong with the spec.
 std::string parse_kernel_options(const std::string& spec, kernel_options* opt);
 
