@@ -216,8 +216,8 @@ int cmd_bench_serve(int argc, char** argv) {
                  "                token), the prompts' TTFTs vs the ideal (the i-th to start: the tokens of the\n"
                  "                first i at the engine's prefill rate for --burst-tokens, measured before serving)\n"
                  "  cache-decode  decode rate of --decoders streams (--prompt-tokens, --max-tokens) while all decode,\n"
-                 "                median of --repeats rounds, on this server and then on a second one started\n"
-                 "                without the prefix cache\n"
+                 "                median of --repeats rounds, on this server and then, after every other\n"
+                 "                scenario, on a second server started without the prefix cache\n"
                  "The server's context per sequence is the largest any chosen scenario needs (on cuda every state\n"
                  "has that capacity): measure the rounds on their own for figures comparable between runs.");
     p.option("--serve", "", "benchmark the server (this mode)");
