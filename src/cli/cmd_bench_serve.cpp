@@ -123,6 +123,36 @@ void check_round(const round_result& r, int64_t max_tokens, const char* what) {
     }
 }
 
+// C streams at once per concurrency and sampling mode, each prompt its own text.
+std::vector<serve_row> run_rounds(int port, const prompt_maker& prompts, const std::vector<int64_t>& concurrency,
+                                  const std::vector<sampling_mode>& modes, int64_t prompt_tokens, int64_t max_tokens,
+                                  const std::map<int64_t, double>& engine_tok_s) {
+    std::vector<serve_row> rows;
+    uint64_t round_no = 0;
+    for (int64_t C : concurrency) {
+        for (const sampling_mode& m : modes) {
+            round_no++;
+            std::vector<std::string> bodies;
+            for (int64_t i = 0; i < C; i++) {
+                const uint64_t seed = round_no * 1000003u + (uint64_t)i;
+                const std::string tag = strprintf("Request %lld of round %llu:", (long long)i + 1, (unsigned long long)round_no);
+                bodies.push_back(request_body(prompts.make(tag, seed, prompt_tokens), m, max_tokens, seed));
+            }
+            const std::string label = strprintf("concurrency %lld %s", (long long)C, m.name.c_str());
+            const round_result r = run_round("127.0.0.1", port, "/v1/chat/completions", bodies);
+            check_round(r, max_tokens, label.c_str());
+            rows.push_back(summarise(r, C, m.name, engine_tok_s.at(C)));
+            const serve_row& x = rows.back();
+            fprintf(stderr,
+                    "  %-24s %9.1f tok/s (engine %9.1f)  stream %7.1f tok/s  itl p50 %7.2f ms p99 %7.2f ms  ttft p50 %8.1f ms "
+                    "p99 %8.1f ms  (%lld tokens in %.2f s, prompts %lld tokens)\n",
+                    label.c_str(), x.agg_tok_s, x.engine_tok_s, x.per_stream_tok_s, x.itl_ms_p50, x.itl_ms_p99, x.ttft_ms_p50,
+                    x.ttft_ms_p99, (long long)x.tokens, x.wall_s, (long long)x.prompt_tokens);
+        }
+    }
+    return rows;
+}
+
 std::vector<std::string> scenario_list(const std::string& s) {
     std::vector<std::string> v;
     std::stringstream ss(s);
@@ -351,42 +381,18 @@ int cmd_bench_serve(int argc, char** argv) {
         fprintf(stderr, "  engine: prefill of %lld tokens: %9.1f tok/s\n", (long long)sc.burst_tokens, pp.tok_s);
     }
 
-    const std::string path = "/v1/chat/completions";
     warm_up(srv->port(), prompts, prompt_tokens, max_tokens, modes[0]);
 
     std::vector<serve_row> rows;
     std::vector<scenario_report> reports;
     decode_rate cache_on;
-    scenario_target target{"127.0.0.1", srv->port(), path, &prompts};
+    scenario_target target{"127.0.0.1", srv->port(), "/v1/chat/completions", &prompts};
     for (const std::string& s : scenarios) {
         if (s == "second-turn") reports.push_back(run_second_turn(target, sc));
         if (s == "agent") reports.push_back(run_agent(target, sc));
         if (s == "burst") reports.push_back(run_burst(target, sc, prefill_tok_s));
         if (s == "cache-decode") cache_on = measure_decode(target, sc, "cache on");
-        if (s != "rounds") continue;
-        uint64_t round_no = 0;
-        for (int64_t C : concurrency) {
-            for (const sampling_mode& m : modes) {
-                round_no++;
-                std::vector<std::string> bodies;
-                for (int64_t i = 0; i < C; i++) {
-                    const uint64_t seed = round_no * 1000003u + (uint64_t)i;
-                    const std::string tag =
-                        strprintf("Request %lld of round %llu:", (long long)i + 1, (unsigned long long)round_no);
-                    bodies.push_back(request_body(prompts.make(tag, seed, prompt_tokens), m, max_tokens, seed));
-                }
-                const std::string label = strprintf("concurrency %lld %s", (long long)C, m.name.c_str());
-                const round_result r = run_round("127.0.0.1", srv->port(), path, bodies);
-                check_round(r, max_tokens, label.c_str());
-                rows.push_back(summarise(r, C, m.name, engine_tok_s[C]));
-                const serve_row& x = rows.back();
-                fprintf(stderr,
-                        "  %-24s %9.1f tok/s (engine %9.1f)  stream %7.1f tok/s  itl p50 %7.2f ms p99 %7.2f ms  ttft p50 "
-                        "%8.1f ms p99 %8.1f ms  (%lld tokens in %.2f s, prompts %lld tokens)\n",
-                        label.c_str(), x.agg_tok_s, x.engine_tok_s, x.per_stream_tok_s, x.itl_ms_p50, x.itl_ms_p99,
-                        x.ttft_ms_p50, x.ttft_ms_p99, (long long)x.tokens, x.wall_s, (long long)x.prompt_tokens);
-            }
-        }
+        if (s == "rounds") rows = run_rounds(srv->port(), prompts, concurrency, modes, prompt_tokens, max_tokens, engine_tok_s);
     }
     srv->request_stop();
     srv->wait();
