@@ -28,11 +28,19 @@ bool has_text(const nlohmann::json& choice) {
     return t != choice.end() && t->is_string() && !t->get_ref<const std::string&>().empty();
 }
 
+// The answer's text in a chat delta (content, not reasoning) or a completions choice.
+void append_content(const nlohmann::json& choice, std::string& out) {
+    const auto d = choice.find("delta");
+    const nlohmann::json& from = d != choice.end() && d->is_object() ? *d : choice;
+    for (const char* k : {"content", "text"})
+        if (const auto c = from.find(k); c != from.end() && c->is_string()) out += c->get_ref<const std::string&>();
+}
+
 // Parses the SSE events of one response as its pieces arrive.
 class sse_timer {
   public:
-    sse_timer(stream_timing& r, clock_t_::time_point round_start, clock_t_::time_point sent)
-        : r_(r), t0_(round_start), sent_(sent) {}
+    sse_timer(stream_timing& r, clock_t_::time_point round_start, clock_t_::time_point sent, stream_control* ctl)
+        : r_(r), t0_(round_start), sent_(sent), ctl_(ctl) {}
 
     void feed(std::string_view piece) {
         const auto now = clock_t_::now();
@@ -67,11 +75,14 @@ class sse_timer {
         if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
             r_.completion_tokens = u->value("completion_tokens", (int64_t)0);
             r_.prompt_tokens = u->value("prompt_tokens", (int64_t)0);
+            if (const auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object())
+                r_.cached_tokens = d->value("cached_tokens", (int64_t)0);
         }
         const auto ch = j.find("choices");
         if (ch == j.end() || !ch->is_array()) return;
         for (const auto& c : *ch) {
             if (const auto f = c.find("finish_reason"); f != c.end() && f->is_string()) r_.finish_reason = f->get<std::string>();
+            append_content(c, r_.content);
             if (!has_text(c)) continue;
             const double t = secs(t0_, now);
             if (!got_text_) {
@@ -82,7 +93,9 @@ class sse_timer {
                 gaps_.push_back(t - r_.last_s);
             }
             r_.last_s = t;
+            r_.event_s.push_back(t);
             r_.text_events++;
+            if (ctl_) ctl_->text_events.store(r_.text_events);
         }
     }
 
@@ -98,6 +111,7 @@ class sse_timer {
   private:
     stream_timing& r_;
     clock_t_::time_point t0_, sent_;
+    stream_control* ctl_;
     std::string buf_;
     std::vector<double> gaps_;
     bool done_ = false, got_text_ = false;
@@ -111,22 +125,30 @@ double stream_timing::tok_s() const {
 }
 
 stream_timing timed_stream(http_client& client, const std::string& path, const std::string& body,
-                           clock_t_::time_point round_start) {
+                           clock_t_::time_point round_start, stream_control* ctl) {
     stream_timing r;
     try {
         const auto sent = clock_t_::now();
-        sse_timer timer(r, round_start, sent);
+        sse_timer timer(r, round_start, sent, ctl);
         std::string transport_error;
         r.status = client.post(
             path, body,
             [&](std::string_view piece) {
                 timer.feed(piece);
-                return true;
+                if (ctl && ctl->stop.load() && !timer.done() && r.text_events > 0) r.stopped = true;
+                return !r.stopped;
             },
             &transport_error);
         r.end_s = secs(round_start, clock_t_::now());
+        if (r.stopped) {
+            r.status = 200;  // it was streaming: the caller closed it
+            r.completion_tokens = r.text_events;
+            r.finish_reason = "stopped";
+        }
         timer.finish();
-        if (r.status < 0) {
+        if (r.stopped) {
+            if (r.text_events == 0 && r.error.empty()) r.error = "stopped before its first token";
+        } else if (r.status < 0) {
             r.error = "no response: " + transport_error;
         } else if (r.status != 200) {
             r.error = "HTTP " + std::to_string(r.status) + ": " + timer.rest().substr(0, 500);
@@ -140,6 +162,7 @@ stream_timing timed_stream(http_client& client, const std::string& path, const s
         r.ok = false;
         r.error = std::string("client error: ") + e.what();
     }
+    if (ctl) ctl->done.store(true);
     return r;
 }
 
@@ -156,33 +179,62 @@ int round_result::failed() const {
 }
 
 round_result run_round(const std::string& host, int port, const std::string& path, const std::vector<std::string>& bodies) {
-    round_result res;
-    res.streams.resize(bodies.size());
-    std::mutex mu;
-    std::condition_variable cv;
-    bool go = false;
-    clock_t_::time_point t0;
-    std::vector<std::thread> threads;
-    threads.reserve(bodies.size());
-    for (size_t i = 0; i < bodies.size(); i++) {
-        threads.emplace_back([&, i] {
+    stream_set set(host, port, path, bodies);
+    return set.wait();
+}
+
+stream_set::stream_set(const std::string& host, int port, const std::string& path, std::vector<std::string> bodies,
+                       std::optional<time_point> round_start) {
+    const size_t n = bodies.size();
+    res_.streams.resize(n);
+    for (size_t i = 0; i < n; i++) ctl_.push_back(std::make_unique<stream_control>());
+    // Every client thread exists before any sends (creating hundreds takes milliseconds); then all go at once.
+    struct gate {
+        std::mutex mu;
+        std::condition_variable cv;
+        bool go = false;
+        clock_t_::time_point t0;
+    };
+    auto g = std::make_shared<gate>();
+    threads_.reserve(n);
+    for (size_t i = 0; i < n; i++) {
+        threads_.emplace_back([this, g, host, port, path, body = std::move(bodies[i]), i] {
             http_client client(host, port);
+            clock_t_::time_point t0;
             {
-                std::unique_lock<std::mutex> lk(mu);
-                cv.wait(lk, [&] { return go; });
+                std::unique_lock<std::mutex> lk(g->mu);
+                g->cv.wait(lk, [&] { return g->go; });
+                t0 = g->t0;
             }
-            res.streams[i] = timed_stream(client, path, bodies[i], t0);
+            res_.streams[i] = timed_stream(client, path, body, t0, ctl_[i].get());
         });
     }
     {
-        std::lock_guard<std::mutex> lk(mu);
-        t0 = clock_t_::now();
-        go = true;
+        std::lock_guard<std::mutex> lk(g->mu);
+        const auto now = clock_t_::now();
+        g->t0 = round_start.value_or(now);
+        sent_s_ = secs(g->t0, now);
+        g->go = true;
     }
-    cv.notify_all();
-    for (std::thread& t : threads) t.join();
-    for (const stream_timing& s : res.streams) res.wall_s = std::max(res.wall_s, s.end_s);
-    return res;
+    g->cv.notify_all();
+}
+
+stream_set::~stream_set() {
+    stop();
+    wait();
+}
+
+void stream_set::stop() {
+    for (auto& c : ctl_) c->stop.store(true);
+}
+
+round_result stream_set::wait() {
+    if (!joined_) {
+        for (std::thread& t : threads_) t.join();
+        joined_ = true;
+        for (const stream_timing& s : res_.streams) res_.wall_s = std::max(res_.wall_s, s.end_s);
+    }
+    return res_;
 }
 
 }  // namespace tansy

@@ -1,7 +1,9 @@
 // CUDA-vs-CPU op test helpers: one synthetic model bound to both backends, tensors with the same random contents
 // on both, and the model shapes the op tests run at (the tiny fixture's and the real Qwen3.6-35B-A3B's).
 #pragma once
+#include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -61,6 +63,23 @@ struct twin {
         return rel_error(b, a);
     }
 };
+
+// The rows of a [rows, cols] twin whose relative error is worst (for a failure message): "row r: e, ...".
+inline std::string worst_rows(pair_of_backends& p, const twin& t, int n = 3) {
+    const tensor& c = t.c.t();
+    std::vector<float> a((size_t)c.numel()), b(a.size());
+    p.cpu->download(a.data(), c);
+    p.gpu->download(b.data(), t.g.t());
+    std::vector<std::pair<double, int64_t>> e;
+    for (int64_t r = 0; r < c.rows; r++) {
+        std::vector<float> ra(b.begin() + r * c.cols, b.begin() + (r + 1) * c.cols), rb(a.begin() + r * c.cols, a.begin() + (r + 1) * c.cols);
+        e.emplace_back(rel_error(ra, rb), r);
+    }
+    std::sort(e.rbegin(), e.rend());
+    std::string s = "worst rows:";
+    for (int i = 0; i < n && i < (int)e.size(); i++) s += " " + std::to_string(e[(size_t)i].second) + ": " + std::to_string(e[(size_t)i].first);
+    return s;
+}
 
 inline vec_view vv(const std::vector<float>& v) { return {v.data(), (int64_t)v.size()}; }
 

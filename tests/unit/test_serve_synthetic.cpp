@@ -183,3 +183,69 @@ TEST(serve_synthetic, bench_serve_json) {
 }
 
 }  // namespace tansy
+
+namespace tansy {
+
+// Every --scenario of bench --serve at tiny sizes in one run (~4 s on the CPU): the keys are there and the
+// prefix cache counts as it should (requests with the cache restore tokens, those with "cache_prompt": false
+// none). Four layers: the first four of the tiny model hold its first attention layer (KV for the cache).
+TEST(serve_synthetic, bench_serve_scenarios_json) {
+    if (!http_available()) GTEST_SKIP() << "built without the HTTP server (no Asio headers)";
+    const int64_t turns = 3, burst = 3;
+    std::string out;
+    const std::string cmd =
+        std::string(TANSY_CLI) + " bench --serve --synthetic " + TINY_CONFIG +
+        " --layers 4 --backend cpu --scenario second-turn,agent,burst,cache-decode --prompt-tokens 64 --max-tokens 32"
+        " --conversation-tokens 400 --repeats 2 --turns 3 --turn-tokens 300 --decoders 2 --burst 3 --burst-tokens 200"
+        " --steady-tokens 16 --engine-runs 1 --json 2>/dev/null";
+    ASSERT_EQ(test::run_command(cmd, &out, false), 0) << out;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    EXPECT_FALSE(j.contains("serve")) << "no rounds unless asked for";
+    auto positive = [](const nlohmann::json& o, std::initializer_list<const char*> keys) {
+        for (const char* k : keys) {
+            ASSERT_TRUE(o.contains(k) && o[k].is_number()) << k << " in " << o.dump();
+            EXPECT_GT(o[k].get<double>(), 0) << k;
+        }
+    };
+
+    const nlohmann::json& st = j["second_turn"];
+    positive(st, {"prompt_tokens", "cached_tokens", "turn1_ttft_ms", "ttft_cached_ms", "ttft_cold_ms", "ratio"});
+    EXPECT_EQ(st["cold_cached_tokens"], 0) << "cache_prompt false restores nothing";
+    ASSERT_EQ(st["runs"].size(), 2u);
+    for (const auto& r : st["runs"]) {
+        EXPECT_EQ(r["turn1_cached_tokens"], 0) << "a new conversation shares nothing with the last one";
+        EXPECT_GT(r["cached_tokens"].get<int64_t>(), 300) << "turn 2 restores most of turn 1's ~400 tokens";
+        EXPECT_LT(r["cached_tokens"].get<int64_t>(), r["prompt_tokens"].get<int64_t>());
+        EXPECT_EQ(r["cold_cached_tokens"], 0);
+    }
+
+    const nlohmann::json& ag = j["agent"];
+    positive(ag, {"prefill_ms_cached", "prefill_ms_uncached", "ratio", "cached_tokens", "prompt_tokens",
+                  "ttft_ms_p50_cached", "ttft_ms_p50_uncached"});
+    EXPECT_EQ(ag["uncached_cached_tokens"], 0);
+    ASSERT_EQ((int64_t)ag["per_turn"].size(), turns);
+    for (int64_t k = 0; k < turns; k++) {
+        const nlohmann::json& t = ag["per_turn"][k];
+        EXPECT_EQ(t["uncached_cached_tokens"], 0) << "turn " << k + 1;
+        if (k == 0) EXPECT_EQ(t["cached_tokens"], 0) << "the first turn has nothing to restore";
+        else EXPECT_GT(t["cached_tokens"].get<int64_t>(), 0) << "turn " << k + 1 << " restores the turns before";
+    }
+
+    const nlohmann::json& b = j["burst"];
+    positive(b, {"prefill_tok_s", "ttft_ms_p50", "ttft_ms_max", "ideal_ttft_ms_max", "ttft_max_over_ideal",
+                 "worst_ttft_over_ideal", "burst_prefill_s"});
+    positive(b["steady"], {"itl_ms_p50", "itl_ms_p99", "window_s", "gaps"});
+    for (const char* k : {"itl_ms_p50", "itl_ms_p99", "itl_ms_max", "window_s", "gaps"})
+        EXPECT_TRUE(b["during_burst"][k].is_number()) << k;
+    ASSERT_EQ((int64_t)b["prompts"].size(), burst);
+    for (const auto& p : b["prompts"]) EXPECT_GT(p["prompt_tokens"].get<int64_t>(), 150);
+
+    const nlohmann::json& cd = j["cache_decode"];
+    positive(cd, {"ratio"});
+    for (const char* half : {"cache_on", "cache_off"}) {
+        positive(cd[half], {"tok_s", "per_stream_tok_s", "itl_ms_p50"});
+        EXPECT_EQ(cd[half]["rounds"], 2) << half;
+    }
+}
+
+}  // namespace tansy
