@@ -68,12 +68,19 @@ TEST(kernel_plan, describes_each_row_range) {
     const std::string s = cuda::make_kernel_plan(dev, nullptr, false, {}).describe("  ");
     for (const char* want :
          {"device     test device: compute capability 9.0, 132 SMs", "mma=gemvn int8=on wgmma=on", "1 row", "2-16 rows",
-          "17+ rows", "(4-bit: wgmma)", "attention  spans < 16 rows", "deltanet   spans <= 16 rows"})
+          "65+ rows   dense: GEMM", "(4-bit: wgmma)", "attention  spans < 16 rows", "deltanet   spans <= 16 rows"})
         EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
     EXPECT_NE(s.find("\n  "), std::string::npos);  // continuation lines take the indent
-    EXPECT_EQ(s.find("rows  moe: the decode kernels"), std::string::npos);  // off by default
+    EXPECT_NE(s.find("17-64 rows  moe: the decode kernels"), std::string::npos) << s;  // the default
+    kernel_options off;
+    off.moe_groups = off.dense_groups = 0;
+    const cuda::kernel_plan p0 = cuda::make_kernel_plan(dev, nullptr, false, off);
+    EXPECT_EQ(p0.describe().find("rows  moe: the decode kernels"), std::string::npos);
+    EXPECT_NE(p0.describe().find("17+ rows   moe: grouped GEMMs"), std::string::npos) << p0.describe();
+    EXPECT_FALSE(p0.moe_in_groups(17));
+    EXPECT_FALSE(p0.dense_in_groups(17));
     kernel_options g;
-    g.moe_groups = 64;
+    g.moe_groups = 64, g.dense_groups = 0;
     const cuda::kernel_plan pg = cuda::make_kernel_plan(dev, nullptr, false, g);
     EXPECT_NE(pg.describe().find("17-64 rows  moe: the decode kernels above in groups of <= 16 rows"), std::string::npos)
         << pg.describe();
@@ -82,7 +89,7 @@ TEST(kernel_plan, describes_each_row_range) {
     EXPECT_TRUE(pg.moe_in_groups(17));
     EXPECT_TRUE(pg.moe_in_groups(64));
     EXPECT_FALSE(pg.moe_in_groups(65));
-    EXPECT_FALSE(pg.dense_in_groups(17));  // its own switch
+    EXPECT_FALSE(pg.dense_in_groups(17));  // its own switch (0: off)
     g.dense_groups = 32;
     const cuda::kernel_plan pd = cuda::make_kernel_plan(dev, nullptr, false, g);
     EXPECT_NE(pd.describe().find("17-32 rows  dense: the 2-16 row kernels above in groups of <= 16 rows"), std::string::npos)

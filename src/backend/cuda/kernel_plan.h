@@ -19,9 +19,9 @@ namespace tansy::cuda {
 
 // ---- Row-count boundaries (the rows of one forward call: decode tokens of a batch, or prompt tokens)
 
-// Dense and MoE products of at least this many rows run on the tensor-core GEMMs (gemm.cu, moe_grouped.cu), which
-// read each weight once for all rows; below it, the decode kernels (gemv_*.cu, moe_decode_*.cu). At 16 rows the
-// decode kernels measured faster than the GEMMs (docs/PERF.md).
+// Dense and MoE products of at least this many rows may run on the tensor-core GEMMs (gemm.cu, moe_grouped.cu),
+// which read each weight once for all rows; below it, the decode kernels (gemv_*.cu, moe_decode_*.cu). At 16 rows
+// the decode kernels measured faster than the GEMMs, and in groups up to 64 rows (kernel_plan::moe_groups).
 constexpr int k_gemm_min_rows = 17;
 // From this many rows, dense GEMMs take 128-row tiles where they fit (wgmma on Hopper when enabled).
 constexpr int k_gemm_wide_min_rows = 512;
@@ -39,6 +39,10 @@ constexpr int k_attn_prefill_min_rows = 16;
 // then ~0.1 us per token, so the crossover lies at a few tokens; 16 keeps short speculative/verification spans
 // on the latency-tuned kernel and must stay >= K-1 (a long span's new conv window is its own rows).
 constexpr int k_gdn_recur_max_rows = 16;
+
+// The default of kernel_plan::moe_groups and dense_groups: decode batches up to this many rows stay on the decode
+// kernels (in groups), larger ones go to the GEMMs.
+constexpr int k_decode_groups_max_rows = 64;
 
 // ---- Kernel-family switches
 
@@ -66,11 +70,12 @@ struct kernel_plan {
     bool int8_inputs = true;  // fast mode's one-row 4-bit decode kernels take x as two-level int8 (xq.cuh, dp4a)
     bool gemm_wgmma = true;   // fast-mode 4-bit GEMMs of 128-row tiles on wgmma where built and on cc 9.0
     // MoE blocks of k_gemm_min_rows .. moe_groups rows (a decode batch of 17+ sequences) run the decode kernels in
-    // groups of at most k_mma_max_tokens rows instead of the grouped GEMMs (0: never): each group reads the experts
-    // its rows touch, where the GEMMs' 64-row tiles hold 2-8 rows per expert.
-    int moe_groups = 0;
-    // Dense products of k_gemm_min_rows .. dense_groups rows likewise on the GEMV kernels (0: never).
-    int dense_groups = 0;
+    // even groups of at most k_mma_max_tokens rows instead of the grouped GEMMs (0: never): each group reads the
+    // experts its rows touch, where the GEMMs' 64-row tiles hold 2-8 rows per expert. Dense products of
+    // k_gemm_min_rows .. dense_groups rows likewise on the GEMV kernels. Both measured faster up to 64 rows on the
+    // H200 (docs/PERF.md: batch 32 and 64 decode).
+    int moe_groups = k_decode_groups_max_rows;
+    int dense_groups = k_decode_groups_max_rows;
     std::string source = "defaults";  // where the switches came from: defaults, --kernels, TANSY_KERNELS
 
     bool mma(mma_family f) const { return (mma_families & f) != 0; }
