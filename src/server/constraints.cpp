@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "tokenizer/utf8.h"
+
 namespace tansy {
 
 namespace {
@@ -33,33 +35,6 @@ void ensure_one(const token_table& t, float* logits, const std::vector<float>& s
         if (e >= 0 && e < n) logits[e] = saved.empty() ? 0.0f : saved[(size_t)e];
 }
 
-// Whole, valid UTF-8 characters only (a token that ends inside a character is checked byte by byte).
-bool whole_utf8(const std::string& b) {
-    size_t i = 0;
-    while (i < b.size()) {
-        const unsigned char c = (unsigned char)b[i];
-        int need = 0;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c < 0x80) need = 0;
-        else if (c >= 0xC2 && c <= 0xDF) need = 1;
-        else if (c == 0xE0) need = 2, lo = 0xA0;
-        else if (c == 0xED) need = 2, hi = 0x9F;
-        else if (c >= 0xE1 && c <= 0xEF) need = 2;
-        else if (c == 0xF0) need = 3, lo = 0x90;
-        else if (c == 0xF4) need = 3, hi = 0x8F;
-        else if (c >= 0xF1 && c <= 0xF3) need = 3;
-        else return false;
-        i++;
-        for (int k = 0; k < need; k++, i++) {
-            if (i >= b.size()) return false;
-            const unsigned char d = (unsigned char)b[i];
-            if (d < lo || d > hi) return false;
-            lo = 0x80, hi = 0xBF;
-        }
-    }
-    return true;
-}
-
 }  // namespace
 
 std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int64_t n_valid, std::vector<int32_t> eos,
@@ -79,7 +54,8 @@ std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int6
     t->code_points.assign((size_t)n_valid, 0);
     for (int64_t i = 0; i < n_valid; i++) {
         const std::string& b = t->bytes[(size_t)i];
-        if (b.empty() || !whole_utf8(b)) continue;
+        // whole, valid UTF-8 characters only (a token that ends inside a character is checked byte by byte)
+        if (b.empty() || utf8_find_invalid(b) >= 0) continue;
         bool json = true, raw = true;
         for (char c : b) {
             if (c == '"' || c == '\\' || (unsigned char)c < 0x20) json = false;

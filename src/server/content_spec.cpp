@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "runtime/output_parser.h"
+#include "tokenizer/utf8.h"
 
 namespace tansy {
 
@@ -468,23 +469,9 @@ bool content_state::feed(char c) {
             return true;
         case ph_sval: {
             const content_spec::param& pr = tool().params[(size_t)param_];
-            if (u8_need_ > 0) {
-                if (uc < u8_lo_ || uc > u8_hi_) return false;
-                u8_need_--;
-                u8_lo_ = 0x80, u8_hi_ = 0xBF;
-            } else {
-                u8_lo_ = 0x80, u8_hi_ = 0xBF;
-                if (uc < 0x80) {}
-                else if (uc >= 0xC2 && uc <= 0xDF) u8_need_ = 1;
-                else if (uc == 0xE0) u8_need_ = 2, u8_lo_ = 0xA0;
-                else if (uc == 0xED) u8_need_ = 2, u8_hi_ = 0x9F;
-                else if (uc >= 0xE1 && uc <= 0xEF) u8_need_ = 2;
-                else if (uc == 0xF0) u8_need_ = 3, u8_lo_ = 0x90;
-                else if (uc == 0xF4) u8_need_ = 3, u8_hi_ = 0x8F;
-                else if (uc >= 0xF1 && uc <= 0xF3) u8_need_ = 3;
-                else return false;
-                chars_++;
-            }
+            const bool new_char = u8_need_ == 0;
+            if (!utf8_step(&u8_need_, &u8_lo_, &u8_hi_, uc)) return false;
+            if (new_char) chars_++;
             push_tail(tail_, &tail_n_, c);
             m_ = 0;
             for (size_t k = std::min<size_t>(tail_n_, k_value_tag.size()); k > 0; k--)

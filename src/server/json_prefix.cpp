@@ -2,6 +2,8 @@
 // closes it; what json_object_constraint (constraints.cpp) checks candidate tokens against.
 #include "server/constraints.h"
 
+#include "tokenizer/utf8.h"
+
 namespace tansy {
 
 namespace {
@@ -131,7 +133,8 @@ bool json_prefix::feed(char c) {
                 esc_ = esc_ == 2 ? 0 : esc_ - 1;
                 return true;
             }
-            if (u8_need_ > 0 || (unsigned char)c >= 0x80) return feed_utf8((unsigned char)c);
+            // strings stay valid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF)
+            if (u8_need_ > 0 || (unsigned char)c >= 0x80) return utf8_step(&u8_need_, &u8_lo_, &u8_hi_, (uint8_t)c);
             if (c == '"') {
                 if (key_) {
                     stage_ = stage::colon;
@@ -158,26 +161,6 @@ bool json_prefix::feed(char c) {
         case stage::done: return false;
     }
     return false;
-}
-
-// Strings must stay valid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
-bool json_prefix::feed_utf8(unsigned char c) {
-    if (u8_need_ > 0) {
-        if (c < u8_lo_ || c > u8_hi_) return false;
-        u8_need_--;
-        u8_lo_ = 0x80, u8_hi_ = 0xBF;
-        return true;
-    }
-    u8_lo_ = 0x80, u8_hi_ = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) u8_need_ = 1;
-    else if (c == 0xE0) u8_need_ = 2, u8_lo_ = 0xA0;
-    else if (c == 0xED) u8_need_ = 2, u8_hi_ = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) u8_need_ = 2;
-    else if (c == 0xF0) u8_need_ = 3, u8_lo_ = 0x90;
-    else if (c == 0xF4) u8_need_ = 3, u8_hi_ = 0x8F;
-    else if (c >= 0xF1 && c <= 0xF3) u8_need_ = 3;
-    else return false;
-    return true;
 }
 
 bool json_prefix::feed(std::string_view s) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tokenizer/utf8.h"
+
 namespace tansy {
 
 namespace {
@@ -92,24 +94,7 @@ void narrow(const std::vector<std::string>& t, uint32_t* lo, uint32_t* hi, uint1
     *lo = a, *hi = b;
 }
 
-bool utf8_step(schema_frame& f, unsigned char c) {
-    if (f.u8_need > 0) {
-        if (c < f.u8_lo || c > f.u8_hi) return false;
-        f.u8_need--;
-        f.u8_lo = 0x80, f.u8_hi = 0xBF;
-        return true;
-    }
-    f.u8_lo = 0x80, f.u8_hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) f.u8_need = 1;
-    else if (c == 0xE0) f.u8_need = 2, f.u8_lo = 0xA0;
-    else if (c == 0xED) f.u8_need = 2, f.u8_hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) f.u8_need = 2;
-    else if (c == 0xF0) f.u8_need = 3, f.u8_lo = 0x90;
-    else if (c == 0xF4) f.u8_need = 3, f.u8_hi = 0x8F;
-    else if (c >= 0xF1 && c <= 0xF3) f.u8_need = 3;
-    else return false;
-    return true;
-}
+bool step_utf8(schema_frame& f, unsigned char c) { return utf8_step(&f.u8_need, &f.u8_lo, &f.u8_hi, c); }
 
 // A value of node n is expected next (a union forks when its first byte comes).
 void start_value(schema_alt& a, int n) {
@@ -288,7 +273,7 @@ schema_state::result feed_alt(const ctx& x, schema_alt& a, char c) {
                 f.esc = f.esc == 2 ? 0 : f.esc - 1;
                 return R::ok;
             }
-            if (f.u8_need > 0) return utf8_step(f, uc) ? R::ok : R::fail;
+            if (f.u8_need > 0) return step_utf8(f, uc) ? R::ok : R::fail;
             if (c == '"') {
                 if (f.count < n.min_len) return R::fail;
                 end_value(a);
@@ -296,7 +281,7 @@ schema_state::result feed_alt(const ctx& x, schema_alt& a, char c) {
             }
             if (uc < 0x20) return R::fail;
             if (f.count >= n.max_len) return R::fail;
-            if (uc >= 0x80 && !utf8_step(f, uc)) return R::fail;
+            if (uc >= 0x80 && !step_utf8(f, uc)) return R::fail;
             if (c == '\\') f.esc = 1;
             f.count++;
             return R::ok;
@@ -359,7 +344,7 @@ schema_state::result feed_alt(const ctx& x, schema_alt& a, char c) {
             bool extra = f.flags && (f.u8_need > 0 || f.count < k_max_key) && c != '\\' && c != '"' && uc >= 0x20;
             if (extra && (f.u8_need > 0 || uc >= 0x80)) {
                 schema_frame t = f;
-                extra = utf8_step(t, uc);
+                extra = step_utf8(t, uc);
                 if (extra) f.u8_need = t.u8_need, f.u8_lo = t.u8_lo, f.u8_hi = t.u8_hi;
             }
             if (!listed && !extra) return R::fail;
