@@ -35,6 +35,30 @@ void ensure_one(const token_table& t, float* logits, const std::vector<float>& s
         if (e >= 0 && e < n) logits[e] = saved.empty() ? 0.0f : saved[(size_t)e];
 }
 
+// The loop every mask shares: each token still allowed for which ok(id, bytes) is false is masked, and one way
+// out is kept (ensure_one).
+template <class F>
+void mask_tokens(const token_table& t, float* logits, int64_t n, F&& ok) {
+    std::vector<float> saved(logits, logits + n);
+    for (int64_t i = 0; i < n; i++) {
+        if (logits[i] == k_neg_inf) continue;
+        if (!ok(i, t.bytes[(size_t)i])) logits[i] = k_neg_inf;
+    }
+    ensure_one(t, logits, saved, n);
+}
+
+// The reasoning's part of accept(): true while it runs (the id is then taken by it); </think> ends it.
+bool accept_reasoning(const token_table& t, bool* reasoning, int32_t id) {
+    if (!*reasoning) return false;
+    if (id == t.think_end) *reasoning = false;
+    return true;
+}
+
+// A token with text to feed a recogniser (in the table, not special).
+bool is_text(const token_table& t, int32_t id) {
+    return id >= 0 && id < (int32_t)t.bytes.size() && !t.special[(size_t)id];
+}
+
 }  // namespace
 
 std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int64_t n_valid, std::vector<int32_t> eos,
@@ -86,7 +110,6 @@ void json_object_constraint::mask(float* logits, int64_t n, int64_t tokens_left)
     const int64_t left = tokens_left - 1;
     const bool closing = left <= (int64_t)closer.size();
     const bool near = left <= (int64_t)closer.size() + 16;
-    std::vector<float> saved(logits, logits + n);
     // Which first bytes can follow at all: most tokens are ruled out by one table look-up, not a parse
     // (outside strings only a few bytes fit; the real vocabulary has 248k tokens).
     bool first_ok[256];
@@ -94,35 +117,19 @@ void json_object_constraint::mask(float* logits, int64_t n, int64_t tokens_left)
         json_prefix p = json_;
         first_ok[c] = p.feed((char)c);
     }
-    for (int64_t i = 0; i < n; i++) {
-        if (logits[i] == k_neg_inf) continue;
-        const std::string& b = t.bytes[(size_t)i];
-        bool ok;
-        if (!b.empty() && !closing && !first_ok[(unsigned char)b[0]]) {
-            ok = false;
-        } else if (json_.complete()) {
-            ok = is_eos(t, (int32_t)i);
-        } else if (t.special[(size_t)i] || b.empty()) {
-            ok = false;
-        } else if (closing) {
-            ok = closer.compare(0, b.size(), b) == 0;
-        } else {
-            json_prefix next = json_;
-            ok = next.feed(b) && (!near || (int64_t)next.closer().size() <= left - 1);
-        }
-        if (!ok) logits[i] = k_neg_inf;
-    }
-    ensure_one(t, logits, saved, n);
+    mask_tokens(t, logits, n, [&](int64_t i, const std::string& b) {
+        if (!b.empty() && !closing && !first_ok[(unsigned char)b[0]]) return false;
+        if (json_.complete()) return is_eos(t, (int32_t)i);
+        if (t.special[(size_t)i] || b.empty()) return false;
+        if (closing) return closer.compare(0, b.size(), b) == 0;
+        json_prefix next = json_;
+        return next.feed(b) && (!near || (int64_t)next.closer().size() <= left - 1);
+    });
 }
 
 void json_object_constraint::accept(int32_t id) {
-    const token_table& t = *t_;
-    if (reasoning_) {
-        if (id == t.think_end) reasoning_ = false;
-        return;
-    }
-    if (id < 0 || id >= (int32_t)t.bytes.size() || t.special[(size_t)id]) return;
-    json_.feed(t.bytes[(size_t)id]);  // the mask only let valid tokens through
+    if (accept_reasoning(*t_, &reasoning_, id) || !is_text(*t_, id)) return;
+    json_.feed(t_->bytes[(size_t)id]);  // the mask only let valid tokens through
 }
 
 // ---- prefix_constraint
@@ -141,26 +148,18 @@ void prefix_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
     const token_table& t = *t_;
     if (reasoning_) return mask_reasoning(t, logits, n, tokens_left, reserve_);
     n = std::min<int64_t>(n, (int64_t)t.bytes.size());
-    std::vector<float> saved(logits, logits + n);
-    for (int64_t i = 0; i < n; i++) {
-        if (logits[i] == k_neg_inf) continue;
-        const std::string& b = t.bytes[(size_t)i];
-        if (t.special[(size_t)i] || b.empty() || !allowed(so_far_ + b)) logits[i] = k_neg_inf;
-    }
-    ensure_one(t, logits, saved, n);
+    mask_tokens(t, logits, n, [&](int64_t i, const std::string& b) {
+        return !t.special[(size_t)i] && !b.empty() && allowed(so_far_ + b);
+    });
 }
 
 void prefix_constraint::accept(int32_t id) {
-    const token_table& t = *t_;
-    if (reasoning_) {
-        if (id == t.think_end) reasoning_ = false;
-        return;
-    }
-    if (id < 0 || id >= (int32_t)t.bytes.size() || t.special[(size_t)id]) {
+    if (accept_reasoning(*t_, &reasoning_, id)) return;
+    if (!is_text(*t_, id)) {
         done_ = true;  // the turn ended (or something unexpected): nothing left to force
         return;
     }
-    so_far_ += t.bytes[(size_t)id];
+    so_far_ += t_->bytes[(size_t)id];
     for (const std::string& a : alts_)
         if (so_far_.size() >= a.size() && so_far_.compare(0, a.size(), a) == 0) done_ = true;
     if (!allowed(so_far_)) done_ = true;
@@ -185,7 +184,6 @@ void schema_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
     const int64_t left = tokens_left - 1;
     const bool closing = clen != SIZE_MAX && left <= (int64_t)clen;
     const bool near = clen != SIZE_MAX && left <= (int64_t)clen + 16;
-    std::vector<float> saved(logits, logits + n);
     // Most tokens fail on their first or second byte: a table look-up each, filled once per step (the second
     // byte's row only for first bytes that fit), instead of a walk per token
     bool first_ok[256];
@@ -211,41 +209,30 @@ void schema_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
     int64_t room = 0;
     int plain = st_.plain_class(&room);
     if (near && (plain == 2 || (int64_t)clen > left - 1)) plain = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (logits[i] == k_neg_inf) continue;
-        const std::string& b = t.bytes[(size_t)i];
-        bool ok;
-        if (is_eos(t, (int32_t)i)) {
-            ok = complete;
-        } else if (t.special[(size_t)i] || b.empty() || !first_ok[(unsigned char)b[0]] ||
-                   (b.size() >= 2 && !closing && !plain && !pair_ok((unsigned char)b[0], (unsigned char)b[1]))) {
-            ok = false;
-        } else if (closing) {
+    mask_tokens(t, logits, n, [&](int64_t i, const std::string& b) {
+        if (is_eos(t, (int32_t)i)) return complete;
+        if (t.special[(size_t)i] || b.empty() || !first_ok[(unsigned char)b[0]] ||
+            (b.size() >= 2 && !closing && !plain && !pair_ok((unsigned char)b[0], (unsigned char)b[1])))
+            return false;
+        if (closing) {
             content_state next = st_;
-            ok = b.size() <= closer.size() && closer.compare(0, b.size(), b) == 0 && next.feed(b);
-        } else if (plain && (!(plain & 1) || t.json_plain[(size_t)i]) && (!(plain & 2) || t.raw_plain[(size_t)i]) &&
-                   t.code_points[(size_t)i] <= room) {
-            ok = true;
-        } else {
-            content_state next = st_;
-            ok = next.feed(b) && (!near || (int64_t)next.closer(nullptr) <= left - 1);
+            return b.size() <= closer.size() && closer.compare(0, b.size(), b) == 0 && next.feed(b);
         }
-        if (!ok) logits[i] = k_neg_inf;
-    }
-    ensure_one(t, logits, saved, n);
+        if (plain && (!(plain & 1) || t.json_plain[(size_t)i]) && (!(plain & 2) || t.raw_plain[(size_t)i]) &&
+            t.code_points[(size_t)i] <= room)
+            return true;
+        content_state next = st_;
+        return next.feed(b) && (!near || (int64_t)next.closer(nullptr) <= left - 1);
+    });
 }
 
 void schema_constraint::accept(int32_t id) {
-    const token_table& t = *t_;
-    if (reasoning_) {
-        if (id == t.think_end) reasoning_ = false;
-        return;
-    }
-    if (id < 0 || id >= (int32_t)t.bytes.size() || t.special[(size_t)id]) {
+    if (accept_reasoning(*t_, &reasoning_, id)) return;
+    if (!is_text(*t_, id)) {
         done_ = true;  // the turn ended
         return;
     }
-    if (!st_.feed(t.bytes[(size_t)id])) done_ = true;  // (only the mask's way out gets here)
+    if (!st_.feed(t_->bytes[(size_t)id])) done_ = true;  // (only the mask's way out gets here)
 }
 
 }  // namespace tansy
