@@ -13,11 +13,14 @@
 
 #include "core/check.h"
 #include "model/config.h"
+#include "server/openai_internal.h"
 #include "server/text_stream.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/utf8.h"
 
 namespace tansy {
+
+using namespace openai_detail;
 
 api_error::api_error(int st, const std::string& message, std::string p, std::string c, std::string t)
     : std::runtime_error(message), status(st), param(std::move(p)), code(std::move(c)), type(std::move(t)) {}
@@ -49,10 +52,6 @@ std::string error_body(const api_error& e) { return error_body(e.status, e.what(
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "") {
-    throw api_error(400, msg, param, code);
-}
-
 ojson parse_body(const std::string& body) {
     if (body.empty()) bad("", "the request body is empty; expected a JSON object");
     // before parsing: every later copy and walk of the tree recurses once per level
@@ -72,12 +71,6 @@ ojson parse_body(const std::string& body) {
     }
     if (!j.is_object()) bad("", std::string("the request body must be a JSON object, got ") + j.type_name());
     return j;
-}
-
-// A field, or nullptr when absent or null (OpenAI treats an explicit null as "not given").
-const ojson* field(const ojson& o, const char* k) {
-    auto it = o.find(k);
-    return it == o.end() || it->is_null() ? nullptr : &*it;
 }
 
 std::string type_of(const ojson& v) { return v.type_name(); }
@@ -156,8 +149,11 @@ std::vector<std::string> unknown_fields(const ojson& j, bool chat) {
     return out;
 }
 
-// Fields shared by both endpoints: sampling, penalties, stop, stream, n.
-void parse_common(const ojson& j, completion_request& r, const sampling_params& d) {
+// Fields shared by both endpoints: sampling, penalties, stop, stream, n (and those it does not know).
+completion_request parse_common(const ojson& j, bool chat, const sampling_params& d) {
+    completion_request r;
+    r.chat = chat;
+    r.unknown_fields = unknown_fields(j, chat);
     if (const ojson* m = field(j, "model")) {
         if (!m->is_string()) bad("model", "'model' must be a string");
         r.model = m->get<std::string>();
@@ -216,6 +212,7 @@ void parse_common(const ojson& j, completion_request& r, const sampling_params& 
         if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
         r.include_usage = boolean(*so, "include_usage", false);
     }
+    return r;
 }
 
 int64_t max_tokens_field(const ojson& j, int64_t dflt) {
@@ -227,23 +224,17 @@ int64_t max_tokens_field(const ojson& j, int64_t dflt) {
 // Checks a message's content: a string, or an array of text parts (other part types are refused clearly).
 void check_content(const ojson& c, const std::string& where) {
     if (c.is_string()) return;
-    if (!c.is_array()) bad(where, where + " must be a string or an array of content parts, got " + type_of(c));
-    for (size_t k = 0; k < c.size(); k++) {
-        const ojson& part = c[k];
-        const std::string w = where + "[" + std::to_string(k) + "]";
-        if (!part.is_object()) bad(w, w + " must be an object");
-        const ojson* type = field(part, "type");
-        const std::string t = type && type->is_string() ? type->get<std::string>() : "";
+    for_each_content_part(c, where, [](const ojson& part, const std::string& w, const std::string& t) {
         if (t == "text" || t == "input_text" || (t.empty() && part.contains("text"))) {
             const ojson* text = field(part, "text");
             if (!text || !text->is_string()) bad(w, w + ".text must be a string");
-            continue;
+            return;
         }
         if (t == "image_url" || t == "image" || t == "input_image" || t == "video" || t == "video_url" ||
             t == "input_audio" || t == "file")
             bad(w, "content parts of type '" + t + "' are not supported (this server is text only)", "unsupported_content");
         bad(w, w + " has an unknown type '" + t + "'");
-    }
+    });
 }
 
 // Checks every message and returns the list the template wants: roles known, contents well typed, assistant
@@ -357,10 +348,7 @@ ojson parse_request_body(const std::string& body) { return parse_body(body); }
 
 completion_request parse_chat_request(const std::string& body, const sampling_params& defaults) {
     const ojson j = parse_body(body);
-    completion_request r;
-    r.chat = true;
-    r.unknown_fields = unknown_fields(j, true);
-    parse_common(j, r, defaults);
+    completion_request r = parse_common(j, true, defaults);
     r.max_tokens = max_tokens_field(j, -1);
     r.messages = parse_messages(j);
     r.tools = parse_tools(j);
@@ -475,10 +463,7 @@ completion_request parse_chat_request(const std::string& body, const sampling_pa
 
 completion_request parse_completion_request(const std::string& body, const sampling_params& defaults) {
     const ojson j = parse_body(body);
-    completion_request r;
-    r.chat = false;
-    r.unknown_fields = unknown_fields(j, false);
-    parse_common(j, r, defaults);
+    completion_request r = parse_common(j, false, defaults);
     r.max_tokens = max_tokens_field(j, 16);  // the legacy endpoint's default
     const ojson* p = field(j, "prompt");
     if (!p) bad("prompt", "'prompt' is required");
