@@ -53,12 +53,6 @@ namespace tansy {
 
 bool http_available() { return true; }
 
-std::string http_request::header(std::string_view lower_name) const {
-    for (const auto& [k, v] : headers)
-        if (k == lower_name) return v;
-    return "";
-}
-
 namespace {
 
 using tcp = asio::ip::tcp;

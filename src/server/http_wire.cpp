@@ -1,9 +1,18 @@
-// The HTTP/1.1 wire format (http_wire.h): parsing a request head, writing a response head.
+// The HTTP/1.1 wire format (http_wire.h): parsing a request head, writing a response head; and
+// http_request::header (http.h), for the Asio server and the stub built without it alike.
 #include "server/http_wire.h"
 
 #include <algorithm>
 
-namespace tansy::http_wire {
+namespace tansy {
+
+std::string http_request::header(std::string_view lower_name) const {
+    for (const auto& [k, v] : headers)
+        if (k == lower_name) return v;
+    return "";
+}
+
+namespace http_wire {
 
 char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c; }
 
@@ -219,4 +228,6 @@ std::string response_head(int status, const std::string& content_type, int64_t b
     return s + "\r\n";
 }
 
-}  // namespace tansy::http_wire
+}  // namespace http_wire
+
+}  // namespace tansy
