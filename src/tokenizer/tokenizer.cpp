@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/json_util.h"
 #include "model/config.h"  // read_text_file
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenize.h"
@@ -279,13 +280,7 @@ tokenizer tokenizer::load(const std::string& path) {
 }
 
 tokenizer tokenizer::from_json(std::string_view text, const std::string& what) {
-    json j;
-    try {
-        j = json::parse(text.begin(), text.end());
-    } catch (const json::exception& e) {
-        fail("%s: not valid JSON: %s", what.c_str(), e.what());
-    }
-    if (!j.is_object()) fail("%s: not a tokenizer.json (the top level is not an object)", what.c_str());
+    const json j = parse_json_object(text, what, "not valid JSON", "not a tokenizer.json (the top level is not an object)");
 
     auto m = std::make_unique<impl>();
     m->serial = g_next_serial.fetch_add(1);
