@@ -18,9 +18,6 @@ constexpr size_t k_max_props = 256;
 constexpr size_t k_max_branches = 64;
 constexpr size_t k_max_min_size = 4096;
 
-const char* const k_annotations[] = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
-                                     "deprecated", "readOnly", "writeOnly", "format", "$defs", "definitions",
-                                     "$anchor", "contentEncoding", "contentMediaType", "discriminator", "strict"};
 const char* const k_unsupported[] = {"pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                                      "multipleOf", "uniqueItems", "minProperties", "maxProperties",
                                      "patternProperties", "propertyNames", "not", "if", "then", "else", "contains",
