@@ -19,6 +19,17 @@ size_t dtype_size(dtype t);
 const char* dtype_name(dtype t);  // safetensors spelling: "F32", "BF16", ...
 bool dtype_from_name(const char* s, size_t n, dtype* out);
 
+// The bits of a float as a uint32_t and back (memcpy: the defined way on host and device alike).
+template <class TO, class FROM>
+TANSY_HD TO bits_as(FROM x) {
+    static_assert(sizeof(TO) == sizeof(FROM), "bits_as: sizes differ");
+    TO y;
+    memcpy(&y, &x, sizeof(TO));
+    return y;
+}
+TANSY_HD uint32_t f32_bits(float f) { return bits_as<uint32_t>(f); }
+TANSY_HD float f32_from_bits(uint32_t u) { return bits_as<float>(u); }
+
 TANSY_HD float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;

@@ -24,13 +24,7 @@ constexpr int k_kv8_min_exp = -100, k_kv8_max_exp = 7;
 // scale (its codes are 0 either way, and a large scale would only set the attention kernels' V reference); a
 // non-finite amax takes 2^0 (the codes saturate or are NaN).
 TANSY_HD int kv8_scale_exp(float amax) {
-    uint32_t b;
-#if defined(__CUDA_ARCH__)
-    b = __float_as_uint(amax);
-#else
-    std::memcpy(&b, &amax, 4);
-#endif
-    b &= 0x7FFFFFFFu;
+    const uint32_t b = f32_bits(amax) & 0x7FFFFFFFu;
     const int E = (int)(b >> 23);
     if (b == 0) return k_kv8_min_exp;
     if (E == 255) return 0;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/json_util.h"
 
 namespace tansy {
 
@@ -47,13 +48,8 @@ st_header parse_safetensors_header(std::string_view text, uint64_t data_size, co
     if (text.size() > k_max_safetensors_header)
         fail("%s: safetensors header of %zu bytes is larger than the %llu-byte limit", what.c_str(), text.size(),
              (unsigned long long)k_max_safetensors_header);
-    json root;
-    try {
-        root = json::parse(text.begin(), text.end());
-    } catch (const json::exception& e) {
-        fail("%s: safetensors header is not valid JSON: %s", what.c_str(), e.what());
-    }
-    if (!root.is_object()) fail("%s: safetensors header must be a JSON object", what.c_str());
+    const json root =
+        parse_json_object(text, what, "safetensors header is not valid JSON", "safetensors header must be a JSON object");
 
     st_header h;
     for (auto it = root.begin(); it != root.end(); ++it) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/json_util.h"
 
 namespace tansy {
 
@@ -124,13 +125,7 @@ quant_spec parse_quant_entry(const json& q, const std::string& what, const std::
 }  // namespace
 
 model_config parse_model_config(std::string_view text, const std::string& what) {
-    json root;
-    try {
-        root = json::parse(text.begin(), text.end());
-    } catch (const json::exception& e) {
-        fail("%s: not valid JSON: %s", what.c_str(), e.what());
-    }
-    if (!root.is_object()) fail("%s: must be a JSON object", what.c_str());
+    const json root = parse_json_object(text, what, "not valid JSON", "must be a JSON object");
 
     model_config c;
     reader top{root, what};

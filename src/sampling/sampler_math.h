@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/dtype.h"  // TANSY_HD: host and device, inline
+#include "core/dtype.h"  // TANSY_HD: host and device, inline; f32_bits
 
 namespace tansy::sampling_math {
 
@@ -40,19 +40,7 @@ TANSY_HD float exp_nonpos(float x) {
     p = add_rn(mul_rn(p, r), 0.5f);
     p = add_rn(mul_rn(p, r), 1.0f);
     p = add_rn(mul_rn(p, r), 1.0f);
-    int32_t bits;
-#if defined(__CUDA_ARCH__)
-    bits = __float_as_int(p);
-#else
-    std::memcpy(&bits, &p, 4);
-#endif
-    bits = (int32_t)((uint32_t)bits + ((uint32_t)(int32_t)n << 23));  // times 2^n (unsigned: no UB for n < 0)
-#if defined(__CUDA_ARCH__)
-    return __int_as_float(bits);
-#else
-    std::memcpy(&p, &bits, 4);
-    return p;
-#endif
+    return f32_from_bits(f32_bits(p) + ((uint32_t)(int32_t)n << 23));  // times 2^n (unsigned: no UB for n < 0)
 }
 
 // The weight of a logit l given the best logit and 1/T.

@@ -55,7 +55,6 @@ class json_prefix {
     bool feed_value_start(char c);
     bool end_value();
     bool feed_number(char c, bool* consumed);
-    bool feed_utf8(unsigned char c);
 
     stage stage_ = stage::start;
     std::string stack_;       // '{' / '[' per open container

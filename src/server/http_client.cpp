@@ -162,6 +162,18 @@ class http_client::impl {
             *error = "aborted by the caller";
             return false;
         };
+        // The next `left` bytes of the body to on_body; false when the connection ends first (*error = cut) or
+        // the caller aborts.
+        auto deliver_next = [&](unsigned long long left, const char* cut) {
+            while (left > 0) {
+                if (buf.empty() && fill() <= 0) return *error = cut, false;
+                const size_t take = (size_t)std::min<unsigned long long>(left, buf.size());
+                if (!deliver(std::string_view(buf).substr(0, take))) return false;
+                buf.erase(0, take);
+                left -= take;
+            }
+            return true;
+        };
         // 2. the body
         if (chunked) {
             for (;;) {
@@ -181,27 +193,13 @@ class http_client::impl {
                     buf.erase(0, 2);
                     break;
                 }
-                unsigned long long left = size;
-                while (left > 0) {
-                    if (buf.empty() && fill() <= 0) return *error = "broken chunked body", -1;
-                    const size_t take = (size_t)std::min<unsigned long long>(left, buf.size());
-                    if (!deliver(std::string_view(buf).substr(0, take))) return -1;
-                    buf.erase(0, take);
-                    left -= take;
-                }
+                if (!deliver_next(size, "broken chunked body")) return -1;
                 while (buf.size() < 2)
                     if (fill() <= 0) return *error = "broken chunked body", -1;
                 buf.erase(0, 2);
             }
         } else if (length >= 0) {
-            unsigned long long left = (unsigned long long)length;
-            while (left > 0) {
-                if (buf.empty() && fill() <= 0) return *error = "response body cut short", -1;
-                const size_t take = (size_t)std::min<unsigned long long>(left, buf.size());
-                if (!deliver(std::string_view(buf).substr(0, take))) return -1;
-                buf.erase(0, take);
-                left -= take;
-            }
+            if (!deliver_next((unsigned long long)length, "response body cut short")) return -1;
         } else {  // ended by closing
             for (;;) {
                 if (!deliver(buf)) return -1;

@@ -7,12 +7,6 @@ namespace tansy {
 
 bool http_available() { return false; }
 
-std::string http_request::header(std::string_view lower_name) const {
-    for (const auto& [k, v] : headers)
-        if (k == lower_name) return v;
-    return "";
-}
-
 class http_server::impl {};
 
 http_server::http_server(const http_options&) {}

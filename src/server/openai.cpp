@@ -1,3 +1,6 @@
+// The OpenAI wire format, request side (openai.h): bodies of /v1/chat/completions and /v1/completions parsed and
+// validated into a completion_request, errors in OpenAI's shape, and the model's sampling defaults. The answer
+// side (responses, stream chunks, usage) is openai_response.cpp.
 #include "server/openai.h"
 
 #include <algorithm>
@@ -10,11 +13,14 @@
 
 #include "core/check.h"
 #include "model/config.h"
+#include "server/openai_internal.h"
 #include "server/text_stream.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/utf8.h"
 
 namespace tansy {
+
+using namespace openai_detail;
 
 api_error::api_error(int st, const std::string& message, std::string p, std::string c, std::string t)
     : std::runtime_error(message), status(st), param(std::move(p)), code(std::move(c)), type(std::move(t)) {}
@@ -46,10 +52,6 @@ std::string error_body(const api_error& e) { return error_body(e.status, e.what(
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "") {
-    throw api_error(400, msg, param, code);
-}
-
 ojson parse_body(const std::string& body) {
     if (body.empty()) bad("", "the request body is empty; expected a JSON object");
     // before parsing: every later copy and walk of the tree recurses once per level
@@ -69,12 +71,6 @@ ojson parse_body(const std::string& body) {
     }
     if (!j.is_object()) bad("", std::string("the request body must be a JSON object, got ") + j.type_name());
     return j;
-}
-
-// A field, or nullptr when absent or null (OpenAI treats an explicit null as "not given").
-const ojson* field(const ojson& o, const char* k) {
-    auto it = o.find(k);
-    return it == o.end() || it->is_null() ? nullptr : &*it;
 }
 
 std::string type_of(const ojson& v) { return v.type_name(); }
@@ -153,8 +149,11 @@ std::vector<std::string> unknown_fields(const ojson& j, bool chat) {
     return out;
 }
 
-// Fields shared by both endpoints: sampling, penalties, stop, stream, n.
-void parse_common(const ojson& j, completion_request& r, const sampling_params& d) {
+// Fields shared by both endpoints: sampling, penalties, stop, stream, n (and those it does not know).
+completion_request parse_common(const ojson& j, bool chat, const sampling_params& d) {
+    completion_request r;
+    r.chat = chat;
+    r.unknown_fields = unknown_fields(j, chat);
     if (const ojson* m = field(j, "model")) {
         if (!m->is_string()) bad("model", "'model' must be a string");
         r.model = m->get<std::string>();
@@ -213,6 +212,7 @@ void parse_common(const ojson& j, completion_request& r, const sampling_params& 
         if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
         r.include_usage = boolean(*so, "include_usage", false);
     }
+    return r;
 }
 
 int64_t max_tokens_field(const ojson& j, int64_t dflt) {
@@ -224,23 +224,17 @@ int64_t max_tokens_field(const ojson& j, int64_t dflt) {
 // Checks a message's content: a string, or an array of text parts (other part types are refused clearly).
 void check_content(const ojson& c, const std::string& where) {
     if (c.is_string()) return;
-    if (!c.is_array()) bad(where, where + " must be a string or an array of content parts, got " + type_of(c));
-    for (size_t k = 0; k < c.size(); k++) {
-        const ojson& part = c[k];
-        const std::string w = where + "[" + std::to_string(k) + "]";
-        if (!part.is_object()) bad(w, w + " must be an object");
-        const ojson* type = field(part, "type");
-        const std::string t = type && type->is_string() ? type->get<std::string>() : "";
+    for_each_content_part(c, where, [](const ojson& part, const std::string& w, const std::string& t) {
         if (t == "text" || t == "input_text" || (t.empty() && part.contains("text"))) {
             const ojson* text = field(part, "text");
             if (!text || !text->is_string()) bad(w, w + ".text must be a string");
-            continue;
+            return;
         }
         if (t == "image_url" || t == "image" || t == "input_image" || t == "video" || t == "video_url" ||
             t == "input_audio" || t == "file")
             bad(w, "content parts of type '" + t + "' are not supported (this server is text only)", "unsupported_content");
         bad(w, w + " has an unknown type '" + t + "'");
-    }
+    });
 }
 
 // Checks every message and returns the list the template wants: roles known, contents well typed, assistant
@@ -354,10 +348,7 @@ ojson parse_request_body(const std::string& body) { return parse_body(body); }
 
 completion_request parse_chat_request(const std::string& body, const sampling_params& defaults) {
     const ojson j = parse_body(body);
-    completion_request r;
-    r.chat = true;
-    r.unknown_fields = unknown_fields(j, true);
-    parse_common(j, r, defaults);
+    completion_request r = parse_common(j, true, defaults);
     r.max_tokens = max_tokens_field(j, -1);
     r.messages = parse_messages(j);
     r.tools = parse_tools(j);
@@ -472,10 +463,7 @@ completion_request parse_chat_request(const std::string& body, const sampling_pa
 
 completion_request parse_completion_request(const std::string& body, const sampling_params& defaults) {
     const ojson j = parse_body(body);
-    completion_request r;
-    r.chat = false;
-    r.unknown_fields = unknown_fields(j, false);
-    parse_common(j, r, defaults);
+    completion_request r = parse_common(j, false, defaults);
     r.max_tokens = max_tokens_field(j, 16);  // the legacy endpoint's default
     const ojson* p = field(j, "prompt");
     if (!p) bad("prompt", "'prompt' is required");
@@ -534,179 +522,5 @@ sampling_params load_sampling_defaults(const std::string& dir) {
     p.min_p = (float)num("min_p", 0.0);
     return p;
 }
-
-// ---- responses
-
-std::string new_id(const char* prefix) {
-    static thread_local std::mt19937_64 rng(std::random_device{}() ^ (uint64_t)(uintptr_t)&rng);
-    char b[32];
-    snprintf(b, sizeof b, "%016llx%08llx", (unsigned long long)rng(), (unsigned long long)(rng() & 0xffffffffu));
-    return std::string(prefix) + b;
-}
-
-ojson usage_json(int64_t prompt, int64_t completion, int64_t reasoning, int64_t cached) {
-    return {{"prompt_tokens", prompt},
-            {"completion_tokens", completion},
-            {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached}}},
-            {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
-}
-
-namespace {
-
-ojson bytes_of(std::string_view s) {
-    ojson b = ojson::array();
-    for (unsigned char c : s) b.push_back((int)c);
-    return b;
-}
-
-std::string token_text(const tokenizer& tok, int32_t id) { return utf8_lossy(token_bytes_or_unknown(tok, id)); }
-
-}  // namespace
-
-ojson chat_logprobs(const tokenizer& tok, const std::vector<token_event>& tokens) {
-    ojson content = ojson::array();
-    for (const token_event& e : tokens) {
-        ojson top = ojson::array();
-        for (const auto& [id, lp] : e.top)
-            top.push_back({{"token", token_text(tok, id)}, {"logprob", lp}, {"bytes", bytes_of(token_bytes_or_unknown(tok, id))}});
-        content.push_back({{"token", token_text(tok, e.id)},
-                           {"logprob", e.logprob},
-                           {"bytes", bytes_of(token_bytes_or_unknown(tok, e.id))},
-                           {"top_logprobs", top}});
-    }
-    return {{"content", content}};
-}
-
-ojson completion_logprobs(const tokenizer& tok, const std::vector<token_event>& tokens, int64_t offset0) {
-    ojson toks = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
-    int64_t off = offset0;
-    for (const token_event& e : tokens) {
-        const std::string t = token_text(tok, e.id);
-        toks.push_back(t);
-        lps.push_back(e.logprob);
-        ojson top = ojson::object();
-        for (const auto& [id, lp] : e.top) top[token_text(tok, id)] = lp;
-        tops.push_back(top);
-        offs.push_back(off);
-        off += (int64_t)t.size();
-    }
-    return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
-}
-
-ojson chat_response(const response_meta& m, const output_parser& p, const std::vector<std::string>& call_ids,
-                    const std::string& finish, const ojson& usage, const ojson& logprobs) {
-    return chat_response(m, p.reasoning(), p.content(), p.tool_calls(), call_ids, finish, usage, logprobs);
-}
-
-ojson chat_response(const response_meta& m, const std::string& reasoning, const std::string& content,
-                    const std::vector<parsed_tool_call>& tool_calls, const std::vector<std::string>& call_ids,
-                    const std::string& finish, const ojson& usage, const ojson& logprobs) {
-    ojson msg = {{"role", "assistant"},
-                 {"content", content.empty() && !tool_calls.empty() ? ojson(nullptr) : ojson(content)},
-                 {"reasoning_content", reasoning.empty() ? ojson(nullptr) : ojson(reasoning)}};
-    if (!tool_calls.empty()) {
-        ojson calls = ojson::array();
-        for (size_t i = 0; i < tool_calls.size(); i++) {
-            const parsed_tool_call& c = tool_calls[i];
-            calls.push_back({{"id", i < call_ids.size() ? call_ids[i] : new_id("call_")},
-                             {"type", "function"},
-                             {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-        }
-        msg["tool_calls"] = calls;
-    }
-    return {{"id", m.id},
-            {"object", "chat.completion"},
-            {"created", m.created},
-            {"model", m.model},
-            {"choices", ojson::array({{{"index", 0}, {"message", msg}, {"logprobs", logprobs}, {"finish_reason", finish}}})},
-            {"usage", usage},
-            {"system_fingerprint", nullptr}};
-}
-
-ojson chat_delta(const parsed_delta& d, std::vector<std::string>& call_ids) {
-    ojson delta = ojson::object();
-    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
-    if (!d.content.empty()) delta["content"] = d.content;
-    if (!d.tool_calls.empty()) {
-        ojson calls = ojson::array();
-        for (const tool_call_delta& t : d.tool_calls) {
-            ojson c = {{"index", t.index}};
-            ojson f = ojson::object();
-            if (!t.name.empty()) {
-                while ((int)call_ids.size() <= t.index) call_ids.push_back(new_id("call_"));
-                c["id"] = call_ids[(size_t)t.index];
-                c["type"] = "function";
-                f["name"] = t.name;
-            }
-            f["arguments"] = t.arguments;
-            c["function"] = f;
-            calls.push_back(c);
-        }
-        delta["tool_calls"] = calls;
-    }
-    return delta;
-}
-
-ojson chat_chunk(const response_meta& m, const ojson& delta, const std::string& finish, const ojson& logprobs,
-                 bool include_usage) {
-    ojson c = {{"id", m.id},
-               {"object", "chat.completion.chunk"},
-               {"created", m.created},
-               {"model", m.model},
-               {"system_fingerprint", nullptr},
-               {"choices", ojson::array({{{"index", 0},
-                                          {"delta", delta},
-                                          {"logprobs", logprobs},
-                                          {"finish_reason", finish.empty() ? ojson(nullptr) : ojson(finish)}}})}};
-    if (include_usage) c["usage"] = nullptr;
-    return c;
-}
-
-ojson completion_choice(int index, const std::string& text, const std::string& finish, const ojson& logprobs) {
-    return {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}};
-}
-
-ojson completion_response(const response_meta& m, const ojson& choices, const ojson& usage) {
-    return {{"id", m.id},
-            {"object", "text_completion"},
-            {"created", m.created},
-            {"model", m.model},
-            {"choices", choices},
-            {"usage", usage},
-            {"system_fingerprint", nullptr}};
-}
-
-ojson completion_response(const response_meta& m, const std::string& text, const std::string& finish,
-                          const ojson& usage, const ojson& logprobs) {
-    return completion_response(m, ojson::array({completion_choice(0, text, finish, logprobs)}), usage);
-}
-
-ojson completion_chunk(const response_meta& m, const std::string& text, const std::string& finish,
-                       const ojson& logprobs, bool include_usage, int index) {
-    ojson c = {{"id", m.id},
-               {"object", "text_completion"},
-               {"created", m.created},
-               {"model", m.model},
-               {"system_fingerprint", nullptr},
-               {"choices", ojson::array({{{"index", index},
-                                          {"text", text},
-                                          {"logprobs", logprobs},
-                                          {"finish_reason", finish.empty() ? ojson(nullptr) : ojson(finish)}}})}};
-    if (include_usage) c["usage"] = nullptr;
-    return c;
-}
-
-ojson usage_chunk(const response_meta& m, bool chat, const ojson& usage) {
-    return {{"id", m.id},
-            {"object", chat ? "chat.completion.chunk" : "text_completion"},
-            {"created", m.created},
-            {"model", m.model},
-            {"system_fingerprint", nullptr},
-            {"choices", ojson::array()},
-            {"usage", usage}};
-}
-
-std::string sse(const ojson& j) { return "data: " + dump(j) + "\n\n"; }
 
 }  // namespace tansy

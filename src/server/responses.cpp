@@ -5,8 +5,11 @@
 #include <set>
 
 #include "core/check.h"
+#include "server/openai_internal.h"
 
 namespace tansy {
+
+using namespace openai_detail;
 
 // ---- store
 
@@ -68,15 +71,6 @@ api_error response_not_found(const std::string& id, const char* param) {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "") {
-    throw api_error(400, msg, param, code);
-}
-
-const ojson* field(const ojson& o, const char* k) {
-    auto it = o.find(k);
-    return it == o.end() || it->is_null() ? nullptr : &*it;
-}
-
 std::string str_field(const ojson& o, const char* k, const std::string& where, bool required = true) {
     const ojson* v = field(o, k);
     if (!v) {
@@ -91,14 +85,8 @@ std::string str_field(const ojson& o, const char* k, const std::string& where, b
 // joins chat's parts). Images, files and audio are refused: this server is text only.
 std::string content_text(const ojson& c, const std::string& where) {
     if (c.is_string()) return c.get<std::string>();
-    if (!c.is_array()) bad(where, where + " must be a string or an array of content parts, got " + c.type_name());
     std::string out;
-    for (size_t k = 0; k < c.size(); k++) {
-        const ojson& part = c[k];
-        const std::string w = where + "[" + std::to_string(k) + "]";
-        if (!part.is_object()) bad(w, w + " must be an object");
-        const ojson* type = field(part, "type");
-        const std::string t = type && type->is_string() ? type->get<std::string>() : "";
+    for_each_content_part(c, where, [&](const ojson& part, const std::string& w, const std::string& t) {
         if (t == "input_text" || t == "output_text" || t == "text" || t == "summary_text" || t == "reasoning_text") {
             out += str_field(part, "text", w);
         } else if (t == "refusal") {
@@ -108,7 +96,7 @@ std::string content_text(const ojson& c, const std::string& where) {
         } else {
             bad(w, w + " has an unknown type '" + t + "'");
         }
-    }
+    });
     return out;
 }
 

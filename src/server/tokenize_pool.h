@@ -2,15 +2,11 @@
 // pre-token cache (~6 MB, tokenizer.h), so encoding on each of 64+ workers would cost hundreds of MB that
 // stay resident as long as the workers live. Callers block until their text is encoded.
 #pragma once
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <functional>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "server/worker_pool.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tansy {
@@ -25,11 +21,7 @@ class tokenize_pool {
 
   private:
     const tokenizer& tok_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<std::function<void()>> jobs_;
-    bool stop_ = false;
-    std::vector<std::thread> threads_;
+    worker_pool pool_;
 };
 
 }  // namespace tansy

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/json_util.h"
 #include "model/config.h"  // read_text_file
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenize.h"
@@ -159,6 +160,20 @@ std::string type_of(const json& o) {
     return t && t->is_string() ? t->get<std::string>() : std::string();
 }
 
+// The steps of a normalizer or pre_tokenizer (`section`): the list under `list_key` of a Sequence, else itself.
+std::vector<const json*> sequence_steps(const json& step, const char* section, const char* list_key,
+                                        const std::string& what) {
+    std::vector<const json*> steps;
+    if (type_of(step) == "Sequence") {
+        const json* list = field(step, list_key);
+        if (!list || !list->is_array()) fail("%s: %s Sequence without '%s'", what.c_str(), section, list_key);
+        for (const json& s : *list) steps.push_back(&s);
+    } else {
+        steps.push_back(&step);
+    }
+    return steps;
+}
+
 bool get_bool(const json& o, const char* key, bool dflt, const std::string& ctx) {
     const json* v = field(o, key);
     if (!v) return dflt;
@@ -279,13 +294,7 @@ tokenizer tokenizer::load(const std::string& path) {
 }
 
 tokenizer tokenizer::from_json(std::string_view text, const std::string& what) {
-    json j;
-    try {
-        j = json::parse(text.begin(), text.end());
-    } catch (const json::exception& e) {
-        fail("%s: not valid JSON: %s", what.c_str(), e.what());
-    }
-    if (!j.is_object()) fail("%s: not a tokenizer.json (the top level is not an object)", what.c_str());
+    const json j = parse_json_object(text, what, "not valid JSON", "not a tokenizer.json (the top level is not an object)");
 
     auto m = std::make_unique<impl>();
     m->serial = g_next_serial.fetch_add(1);
@@ -365,15 +374,7 @@ tokenizer tokenizer::from_json(std::string_view text, const std::string& what) {
 
     // normalizer: NFC or nothing.
     if (const json* n = field(j, "normalizer")) {
-        std::vector<const json*> steps;
-        if (type_of(*n) == "Sequence") {
-            const json* list = field(*n, "normalizers");
-            if (!list || !list->is_array()) fail("%s: normalizer Sequence without 'normalizers'", what.c_str());
-            for (const json& s : *list) steps.push_back(&s);
-        } else {
-            steps.push_back(n);
-        }
-        for (const json* s : steps) {
+        for (const json* s : sequence_steps(*n, "normalizer", "normalizers", what)) {
             if (type_of(*s) != "NFC") fail("%s: normalizer '%s' is not supported (only NFC)", what.c_str(), s->dump().c_str());
             m->nfc = true;
         }
@@ -386,14 +387,7 @@ tokenizer tokenizer::from_json(std::string_view text, const std::string& what) {
     const json* pt = field(j, "pre_tokenizer");
     if (!pt) fail("%s: no pre_tokenizer (byte-level BPE needs a ByteLevel step)", what.c_str());
     {
-        std::vector<const json*> steps;
-        if (type_of(*pt) == "Sequence") {
-            const json* list = field(*pt, "pretokenizers");
-            if (!list || !list->is_array()) fail("%s: pre_tokenizer Sequence without 'pretokenizers'", what.c_str());
-            for (const json& s : *list) steps.push_back(&s);
-        } else {
-            steps.push_back(pt);
-        }
+        const std::vector<const json*> steps = sequence_steps(*pt, "pre_tokenizer", "pretokenizers", what);
         bool byte_level = false;
         for (const json* s : steps) {
             const std::string t = type_of(*s);

@@ -6,31 +6,11 @@ namespace tansy {
 
 namespace {
 
-// Length of the sequence a lead byte announces (0: the byte can never start one) and the allowed range of
-// the FIRST continuation byte, which is what excludes overlongs (E0, F0), surrogates (ED) and > U+10FFFF
-// (F4); later continuation bytes are always 0x80..0xBF. (Unicode 15 §3.9, table 3-7.)
-struct lead_info {
-    uint8_t len, lo, hi;
-};
-
-inline lead_info lead(uint8_t b) {
-    if (b < 0x80) return {1, 0, 0};
-    if (b < 0xC2) return {0, 0, 0};  // continuation byte or overlong 2-byte lead
-    if (b < 0xE0) return {2, 0x80, 0xBF};
-    if (b == 0xE0) return {3, 0xA0, 0xBF};
-    if (b == 0xED) return {3, 0x80, 0x9F};
-    if (b < 0xF0) return {3, 0x80, 0xBF};
-    if (b == 0xF0) return {4, 0x90, 0xBF};
-    if (b < 0xF4) return {4, 0x80, 0xBF};
-    if (b == 0xF4) return {4, 0x80, 0x8F};
-    return {0, 0, 0};
-}
-
 // How many bytes of the sequence starting at s[i] are well-formed (1..len), and its announced length.
 // valid == len: a complete code point. valid < len: a maximal ill-formed subpart of `valid` bytes
 // (or, if it reaches the end of s, a possibly-truncated one).
 inline int well_formed_prefix(const uint8_t* s, size_t n, size_t i, int* len) {
-    const lead_info li = lead(s[i]);
+    const utf8_lead_info li = utf8_lead(s[i]);
     *len = li.len;
     if (li.len <= 1) return 1;
     int k = 1;
