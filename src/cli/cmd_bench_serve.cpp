@@ -267,16 +267,10 @@ int cmd_bench_serve(int argc, char** argv) {
         .option("--decoders", "N", "burst, cache-decode: decoding streams (default 16)")
         .option("--steady-tokens", "N", "burst: tokens per decoding stream timed before the burst (default 64)")
         .option("--burst", "N", "burst: prompts sent at once (default 16)")
-        .option("--burst-tokens", "N", "burst: tokens of each burst prompt (default 8192)")
-        .option("--max-batch", "N", "the server's --max-batch (default: the most streams a chosen scenario runs)")
-        .option("--state-memory", "MIB", "the server's --state-memory (default: half of available memory on cpu,\n"
-                                         "                            65536 on cuda)")
-        .option("--prefill-budget", "N", "the server's --prefill-budget (default 2048)")
-        .option("--prefix-cache-memory", "MIB", "the server's --prefix-cache-memory (default as serve: 512 on cpu, a quarter\n"
-                                                "                            of --state-memory on cuda; 0: off)")
-        .option("--prefix-cache-interval", "N", "the server's --prefix-cache-interval (default 2048)")
-        .option("--no-prefix-cache", "", "the server without its prefix cache (as --prefix-cache-memory 0)")
-        .option("--engine-steps", "N", "decode steps per timed run of engine_tok_s (default 32)")
+        .option("--burst-tokens", "N", "burst: tokens of each burst prompt (default 8192)");
+    // the server's (as serve's); --state-memory's cuda default holds 256 sequences of 2K tokens of the real model
+    add_batch_options(p, "the most streams a chosen scenario runs", "half of available memory on cpu, 65536 on cuda");
+    p.option("--engine-steps", "N", "decode steps per timed run of engine_tok_s (default 32)")
         .option("--engine-runs", "N", "timed runs of engine_tok_s and of burst's prefill rate, median reported (default 5,\n"
                                       "                            after 3 warm-up steps)")
         .option("--json", "", "print {\"serve\": [rows]} (and the setup) as JSON; other scenarios add a key each\n"
@@ -319,26 +313,9 @@ int cmd_bench_serve(int argc, char** argv) {
     so.synthetic = synthetic_from(p, so.engine);
     so.http.host = "127.0.0.1";
     so.http.port = 0;
-    so.sched.max_batch = (int)p.integer("--max-batch", most);
-    if (so.sched.max_batch < 1 || so.sched.max_batch > 4096) fail("bench --serve: --max-batch must be in [1, 4096]");
+    batch_options_from(p, "bench --serve", (int)most,
+                       so.engine.backend == "cpu" ? default_state_budget("cpu") : size_t(64) << 30, so);
     so.sched.max_queue = (int)std::max<int64_t>(most, 1);  // a round beyond the batch waits, never 429
-    const int64_t mib = p.integer("--state-memory", 0);
-    if (mib < 0) fail("bench --serve: --state-memory must be >= 0");
-    // note: the server's 16 GiB cuda default would not hold 256 sequences of 2K tokens of the real model
-    so.sched.state_budget = mib > 0 ? (size_t)mib << 20
-                            : so.engine.backend == "cpu" ? default_state_budget("cpu") : size_t(64) << 30;
-    so.sched.prefill_budget = p.integer("--prefill-budget", 2048);
-    if (so.sched.prefill_budget < 1) fail("bench --serve: --prefill-budget must be >= 1");
-    // the prefix cache as serve sets it up (cmd_serve.cpp)
-    const int64_t pc_mib = p.integer("--prefix-cache-memory", -1);
-    if (pc_mib < -1) fail("bench --serve: --prefix-cache-memory must be >= 0");
-    so.cache.budget = pc_mib >= 0 ? (size_t)pc_mib << 20
-                      : so.engine.backend == "cpu" ? std::min(size_t(512) << 20, so.sched.state_budget / 2)
-                                                   : so.sched.state_budget / 4;
-    so.cache.budget = std::min(so.cache.budget, so.sched.state_budget);
-    if (p.has("--no-prefix-cache")) so.cache.budget = 0;
-    so.cache.snapshot_interval = p.integer("--prefix-cache-interval", 2048);
-    if (so.cache.snapshot_interval < 1) fail("bench --serve: --prefix-cache-interval must be >= 1");
     if (chosen("cache-decode") && so.cache.budget == 0)
         fail("bench --serve: cache-decode compares a server with the prefix cache to one without: the cache must be on");
     // every state gets this capacity on cuda: no more than a stream needs

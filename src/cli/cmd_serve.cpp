@@ -61,6 +61,40 @@ size_t default_state_budget(const std::string& backend) {
     return backend == "cpu" ? half_available_memory() : size_t(16) << 30;
 }
 
+void add_batch_options(arg_parser& p, const std::string& max_batch_default, const std::string& state_default) {
+    p.option("--max-batch", "N", "sequences decoded together (default " + max_batch_default + ")")
+        .option("--state-memory", "MIB", "KV cache + recurrent state of running sequences, at most (default:\n"
+                                         "                            " + state_default + "; on cuda, --kv-cache fp8 fits\n"
+                                         "                            about twice the tokens of long contexts in it)")
+        .option("--prefill-budget", "N", "prompt tokens a step carries beside the running sequences' decode rows (default\n"
+                                           "                            2048): bounds their wait between two tokens")
+        .option("--prefix-cache-memory", "MIB", "prompt prefixes kept for reuse (KV + DeltaNet state snapshots), within\n"
+                                                "                            --state-memory (default: 512 on cpu, a quarter of --state-memory on\n"
+                                                "                            cuda; 0: off)")
+        .option("--prefix-cache-interval", "N", "a DeltaNet state checkpoint every N prompt tokens (default 2048)")
+        .option("--no-prefix-cache", "", "no prefix cache (as --prefix-cache-memory 0); a request may also send\n"
+                                         "                            \"cache_prompt\": false");
+}
+
+void batch_options_from(const arg_parser& p, const char* cmd, int max_batch, size_t state_budget, serve_options& o) {
+    o.sched.max_batch = (int)p.integer("--max-batch", max_batch);
+    if (o.sched.max_batch < 1 || o.sched.max_batch > 4096) fail("%s: --max-batch must be in [1, 4096]", cmd);
+    const int64_t mib = p.integer("--state-memory", 0);
+    if (mib < 0) fail("%s: --state-memory must be >= 0", cmd);
+    o.sched.state_budget = mib > 0 ? (size_t)mib << 20 : state_budget;
+    o.sched.prefill_budget = p.integer("--prefill-budget", 2048);
+    if (o.sched.prefill_budget < 1) fail("%s: --prefill-budget must be >= 1", cmd);
+    const int64_t pc_mib = p.integer("--prefix-cache-memory", -1);
+    if (pc_mib < -1) fail("%s: --prefix-cache-memory must be >= 0", cmd);
+    o.cache.budget = pc_mib >= 0 ? (size_t)pc_mib << 20
+                     : o.engine.backend == "cpu" ? std::min(size_t(512) << 20, o.sched.state_budget / 2)
+                                                 : o.sched.state_budget / 4;
+    o.cache.budget = std::min(o.cache.budget, o.sched.state_budget);
+    if (p.has("--no-prefix-cache")) o.cache.budget = 0;
+    o.cache.snapshot_interval = p.integer("--prefix-cache-interval", 2048);
+    if (o.cache.snapshot_interval < 1) fail("%s: --prefix-cache-interval must be >= 1", cmd);
+}
+
 int cmd_serve(int argc, char** argv) {
     arg_parser p("serve", "[options]",
                  "Serves the model over HTTP with the OpenAI API: POST /v1/chat/completions, POST /v1/completions\n"
@@ -77,21 +111,10 @@ int cmd_serve(int argc, char** argv) {
         .option("--port", "N", "port (default 8080; 0: any free port, printed at start)")
         .option("--api-key", "KEY", "require 'Authorization: Bearer KEY' (default: $TANSY_API_KEY, else none)")
         .option("--model-name", "NAME", "the model id clients use and see (default: the model directory's name)")
-        .option("--max-batch", "N", "sequences decoded together (default 16)")
         .option("--max-queue", "N", "requests waiting for a batch slot before 429 (default 64)")
-        .option("--ctx-size", "N", "tokens per sequence, prompt + completion (default min(model maximum, 32768))")
-        .option("--state-memory", "MIB", "KV cache + recurrent state of running sequences, at most (default: half of\n"
-                                         "                            available memory on cpu, 16384 on cuda; on cuda, --kv-cache fp8\n"
-                                         "                            fits about twice the tokens of long contexts in it)")
-        .option("--prefill-budget", "N", "prompt tokens a step carries beside the running sequences' decode rows (default\n"
-                                           "                            2048): bounds their wait between two tokens")
-        .option("--prefix-cache-memory", "MIB", "prompt prefixes kept for reuse (KV + DeltaNet state snapshots), within\n"
-                                                "                            --state-memory (default: 512 on cpu, a quarter of --state-memory on\n"
-                                                "                            cuda; 0: off)")
-        .option("--prefix-cache-interval", "N", "a DeltaNet state checkpoint every N prompt tokens (default 2048)")
-        .option("--no-prefix-cache", "", "no prefix cache (as --prefix-cache-memory 0); a request may also send\n"
-                                         "                            \"cache_prompt\": false")
-        .option("--max-body", "MIB", "largest request body accepted (default 8; larger gets 413)")
+        .option("--ctx-size", "N", "tokens per sequence, prompt + completion (default min(model maximum, 32768))");
+    add_batch_options(p, "16", "half of available memory on cpu, 16384 on cuda");
+    p.option("--max-body", "MIB", "largest request body accepted (default 8; larger gets 413)")
         .option("--http-threads", "N", "requests handled at once; more wait their turn (default max(64, 2 x (max-batch +\n"
                                        "                            max-queue)); idle or slow connections use no thread)")
         .option("--max-connections", "N", "open connections in total; more get 503 + Retry-After (default 4096)")
@@ -121,26 +144,11 @@ int cmd_serve(int argc, char** argv) {
     // a checkpoint from the Hugging Face cache is served as ORG/NAME, not as its snapshot's hash
     if (o.model_name.empty() && p.has("--model") && o.engine.model_dir != p.str("--model"))
         o.model_name = hf_repo_name(p.str("--model"));
-    o.sched.max_batch = (int)p.integer("--max-batch", 16);
-    if (o.sched.max_batch < 1 || o.sched.max_batch > 4096) fail("serve: --max-batch must be in [1, 4096]");
     o.sched.max_queue = (int)p.integer("--max-queue", 64);
     if (o.sched.max_queue < 0) fail("serve: --max-queue must be >= 0");
     o.ctx_size = p.integer("--ctx-size", 0);
     if (o.ctx_size < 0) fail("serve: --ctx-size must be >= 0");
-    const int64_t mib = p.integer("--state-memory", 0);
-    if (mib < 0) fail("serve: --state-memory must be >= 0");
-    o.sched.state_budget = mib > 0 ? (size_t)mib << 20 : default_state_budget(o.engine.backend);
-    o.sched.prefill_budget = p.integer("--prefill-budget", 2048);
-    if (o.sched.prefill_budget < 1) fail("serve: --prefill-budget must be >= 1");
-    const int64_t pc_mib = p.integer("--prefix-cache-memory", -1);
-    if (pc_mib < -1) fail("serve: --prefix-cache-memory must be >= 0");
-    o.cache.budget = pc_mib >= 0 ? (size_t)pc_mib << 20
-                     : o.engine.backend == "cpu" ? std::min(size_t(512) << 20, o.sched.state_budget / 2)
-                                                 : o.sched.state_budget / 4;
-    o.cache.budget = std::min(o.cache.budget, o.sched.state_budget);
-    if (p.has("--no-prefix-cache")) o.cache.budget = 0;
-    o.cache.snapshot_interval = p.integer("--prefix-cache-interval", 2048);
-    if (o.cache.snapshot_interval < 1) fail("serve: --prefix-cache-interval must be >= 1");
+    batch_options_from(p, "serve", 16, default_state_budget(o.engine.backend), o);
     const int64_t body = p.integer("--max-body", 8);
     if (body < 1) fail("serve: --max-body must be >= 1");
     o.http.max_body_bytes = (size_t)body << 20;

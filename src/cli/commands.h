@@ -7,6 +7,8 @@
 
 namespace tansy {
 
+struct serve_options;  // server/server.h
+
 int cmd_logits(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
@@ -33,6 +35,10 @@ void add_synthetic_options(arg_parser& p);
 synthetic_spec synthetic_from(const arg_parser& p, engine_options& eo);
 // The default sequence-state budget of a server: half of the available memory on cpu, 16 GiB on cuda.
 size_t default_state_budget(const std::string& backend);
+// The batch, state-memory and prefix-cache options that serve and bench --serve share (cmd_serve.cpp), with the
+// defaults the command states; batch_options_from validates them into o (after o.engine is set).
+void add_batch_options(arg_parser& p, const std::string& max_batch_default, const std::string& state_default);
+void batch_options_from(const arg_parser& p, const char* cmd, int max_batch, size_t state_budget, serve_options& o);
 
 // --temperature, --top-k, --top-p, --min-p, --seed: shared by generate and run.
 void add_sampling_options(arg_parser& p);
