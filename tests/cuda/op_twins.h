@@ -2,6 +2,7 @@
 // on both, and the model shapes the op tests run at (the tiny fixture's and the real Qwen3.6-35B-A3B's).
 #pragma once
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,7 +78,11 @@ inline std::string worst_rows(pair_of_backends& p, const twin& t, int n = 3) {
     }
     std::sort(e.rbegin(), e.rend());
     std::string s = "worst rows:";
-    for (int i = 0; i < n && i < (int)e.size(); i++) s += " " + std::to_string(e[(size_t)i].second) + ": " + std::to_string(e[(size_t)i].first);
+    for (int i = 0; i < n && i < (int)e.size(); i++) {
+        char b[64];
+        snprintf(b, sizeof b, " %lld: %.3g", (long long)e[(size_t)i].second, e[(size_t)i].first);
+        s += b;  // (not operator+ on temporaries: GCC 12 warns -Wrestrict on it)
+    }
     return s;
 }
 
