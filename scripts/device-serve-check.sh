@@ -137,7 +137,7 @@ check(s_text == text and s_reasoning == reasoning, "streamed text == non-streame
 check(s_usage is None or s_usage.get("completion_tokens") == usage.get("completion_tokens"),
       "streamed usage == non-streamed usage")
 
-run = [tansy, "run", "--prompt", prompt, "-n", str(n), "--temperature", "0", "--no-think"] + engine
+run = [tansy, "run", "--prompt", prompt, "-n", str(n), "--temperature", "0", "--no-think", "--verbose"] + engine
 print("device-serve-check:", " ".join(run), flush=True)
 r = subprocess.run(run, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
 check(r.returncode == 0, f"tansy run exit code {r.returncode}" + (": " + r.stderr[-2000:] if r.returncode else ""))

@@ -134,12 +134,12 @@ TEST(cuda_ops, real_shapes) {
 }
 
 // A decode batch of 17+ sequences with the kernel plan's moe_groups and dense_groups: the MoE and the dense
-// products run the decode kernels in even groups of <= 16 rows (17 = 9 + 8, 33 = 11 + 11 + 11, 50, 64 = 4 x 16),
+// products run the decode kernels in even groups of <= 16 rows (17 = 9 + 8, 33 = 11 + 11 + 11, 50, 64, 96 = 6 x 16),
 // in both modes, against the CPU.
 TEST(cuda_ops, decode_kernels_in_groups) {
     TANSY_REQUIRE_GPU();
     kernel_options k;
-    k.moe_groups = k.dense_groups = 64;
+    k.moe_groups = k.dense_groups = 96;
     for (const model_config& cfg : {tiny_config(), real_config()})
         for (bool precise : {false, true}) {
             auto p = make_pair(cfg, precise, false, k);
@@ -147,7 +147,7 @@ TEST(cuda_ops, decode_kernels_in_groups) {
             const layer_weights& gl = p->m.w.layers[0];  // DeltaNet layer
             const layer_weights& al = p->m.w.layers[3];  // attention layer
             const double tol = precise ? TOL_FP32_OP : TOL_F16_INPUT_OP;
-            for (int T : {17, 25, 33, 50, 64}) {
+            for (int T : {17, 25, 33, 50, 64, 96}) {
                 SCOPED_TRACE("hidden " + std::to_string(c.hidden) + (precise ? " precise" : " fast") + " T=" +
                              std::to_string(T));
                 twin x(*p, T, c.hidden, 400 + (uint32_t)T, 2.0f), zr(*p, T, c.lin_value_dim(), 500 + (uint32_t)T, 1.0f);

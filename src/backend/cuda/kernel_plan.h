@@ -21,7 +21,7 @@ namespace tansy::cuda {
 
 // Dense and MoE products of at least this many rows may run on the tensor-core GEMMs (gemm.cu, moe_grouped.cu),
 // which read each weight once for all rows; below it, the decode kernels (gemv_*.cu, moe_decode_*.cu). At 16 rows
-// the decode kernels measured faster than the GEMMs, and in groups up to 64 rows (kernel_plan::moe_groups).
+// the decode kernels measured faster than the GEMMs, and in groups up to 96 rows (kernel_plan::moe_groups).
 constexpr int k_gemm_min_rows = 17;
 // From this many rows, dense GEMMs take 128-row tiles where they fit (wgmma on Hopper when enabled).
 constexpr int k_gemm_wide_min_rows = 512;
@@ -42,7 +42,7 @@ constexpr int k_gdn_recur_max_rows = 16;
 
 // The default of kernel_plan::moe_groups and dense_groups: decode batches up to this many rows stay on the decode
 // kernels (in groups), larger ones go to the GEMMs.
-constexpr int k_decode_groups_max_rows = 64;
+constexpr int k_decode_groups_max_rows = 96;
 
 // ---- Kernel-family switches
 
@@ -72,8 +72,8 @@ struct kernel_plan {
     // MoE blocks of k_gemm_min_rows .. moe_groups rows (a decode batch of 17+ sequences) run the decode kernels in
     // even groups of at most k_mma_max_tokens rows instead of the grouped GEMMs (0: never): each group reads the
     // experts its rows touch, where the GEMMs' 64-row tiles hold 2-8 rows per expert. Dense products of
-    // k_gemm_min_rows .. dense_groups rows likewise on the GEMV kernels. Both measured faster up to 64 rows on the
-    // H200 (docs/PERF.md: batch 32 and 64 decode).
+    // k_gemm_min_rows .. dense_groups rows likewise on the GEMV kernels. Both measured faster up to 96 rows on the
+    // H200, the GEMMs from 128 (docs/PERF.md: decode batches of 17-256).
     int moe_groups = k_decode_groups_max_rows;
     int dense_groups = k_decode_groups_max_rows;
     std::string source = "defaults";  // where the switches came from: defaults, --kernels, TANSY_KERNELS
