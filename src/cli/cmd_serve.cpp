@@ -71,7 +71,8 @@ void add_batch_options(arg_parser& p, const std::string& max_batch_default, cons
         .option("--prefix-cache-memory", "MIB", "prompt prefixes kept for reuse (KV + DeltaNet state snapshots), within\n"
                                                 "                            --state-memory (default: 512 on cpu, a quarter of --state-memory on\n"
                                                 "                            cuda; 0: off)")
-        .option("--prefix-cache-interval", "N", "a DeltaNet state checkpoint every N prompt tokens (default 2048)")
+        .option("--prefix-cache-interval", "N", "a DeltaNet state checkpoint at the first prefill piece end N\n"
+                                                  "                            prompt tokens after the last one (default 2048)")
         .option("--no-prefix-cache", "", "no prefix cache (as --prefix-cache-memory 0); a request may also send\n"
                                          "                            \"cache_prompt\": false");
 }

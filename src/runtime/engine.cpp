@@ -143,10 +143,15 @@ generation_stats engine::generate_cached(prefix_cache& cache, seq_state& st, con
     }
     const int64_t cached = done;
     prefix_cache::checkpoints cps;
-    for (int64_t m : cache.plan(req.prompt, done)) {
-        fwd_->run_host({req.prompt.begin() + done, req.prompt.begin() + m}, st, logits_rows::none);
-        done = m;
-        cps.push_back(cache.checkpoint(st));
+    // the scheduler's pieces for a lone prompt (scheduler::next_chunks): prefill chunks that end at the cache's
+    // marks, a checkpoint where one is due; the last piece goes to generate(), whose logits pick the first token
+    const std::vector<int64_t> marks = cache.plan(req.prompt, done);
+    for (int64_t last = done;;) {
+        const int64_t end = prefix_cache::piece_end(marks, done, fwd_->prefill_chunk, P);
+        if (end == P) break;
+        fwd_->run_host({req.prompt.begin() + done, req.prompt.begin() + end}, st, logits_rows::none);
+        done = end;
+        if (cache.checkpoint_due(marks, last, done, P)) cps.push_back(cache.checkpoint(st)), last = done;
     }
     const double pieces_s = std::chrono::duration<double>(clock::now() - t0).count();
     generation_request rest = req;

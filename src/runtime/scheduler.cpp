@@ -49,11 +49,12 @@ struct scheduler::sequence {
     double prefill_s = 0;
     finish_reason reason = finish_reason::stop;
     // prefix cache: the looked-up prefix (until restored), the prompt tokens it restored, the positions where
-    // prefill pieces end to take a checkpoint, the checkpoints taken, and the tokens emitted (the state's input
-    // after the prompt, for storing prompt + completion)
+    // prefill pieces end to take a checkpoint, where the last checkpoint was taken, the checkpoints taken, and
+    // the tokens emitted (the state's input after the prompt, for storing prompt + completion)
     prefix_cache::lease hit;
     int64_t cached = 0;
     std::vector<int64_t> marks;
+    int64_t last_cp = 0;
     prefix_cache::checkpoints cps;
     std::vector<int32_t> out;
 
@@ -294,11 +295,10 @@ std::vector<scheduler::chunk_plan> scheduler::next_chunks(bool others_decoding) 
         if (s.done || !s.st || s.started) continue;
         const int64_t left = (int64_t)s.req.prompt.size() - s.prefilled;
         if (left <= 0) continue;
-        int64_t n = std::min(left, budget);
-        if (n <= 0) break;
+        if (budget <= 0) break;
         // a piece ends at the next checkpoint position (the prefix cache snapshots the state there)
-        if (auto m = std::upper_bound(s.marks.begin(), s.marks.end(), s.prefilled); m != s.marks.end())
-            n = std::min(n, *m - s.prefilled);
+        const int64_t T = (int64_t)s.req.prompt.size();
+        const int64_t n = prefix_cache::piece_end(s.marks, s.prefilled, budget, T) - s.prefilled;
         out.push_back({&s, n, n == left});
         budget -= n;
     }
@@ -340,8 +340,8 @@ void scheduler::drain() {
             try {
                 if (p.chunks[c].last)
                     opt_.cache->insert(s.req.prompt.data(), s.st->n_past(), *s.st, std::move(s.cps));
-                else if (std::binary_search(s.marks.begin(), s.marks.end(), s.prefilled))
-                    s.cps.push_back(opt_.cache->checkpoint(*s.st));
+                else if (opt_.cache->checkpoint_due(s.marks, s.last_cp, s.prefilled, (int64_t)s.req.prompt.size()))
+                    s.cps.push_back(opt_.cache->checkpoint(*s.st)), s.last_cp = s.prefilled;
                 trim_cache();
             } catch (const std::exception& e) {  // a snapshot that does not fit costs a later hit, not this request
                 TANSY_WARN("scheduler: a prefix cache snapshot failed: %s", e.what());
@@ -582,6 +582,7 @@ void scheduler::loop() {
                         opt_.cache->miss();
                     }
                     seq.marks = opt_.cache->plan(seq.req.prompt, seq.prefilled);
+                    seq.last_cp = seq.prefilled;
                 }
             } catch (const std::exception& e) {
                 seq.st.reset();
