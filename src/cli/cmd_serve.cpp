@@ -141,6 +141,7 @@ int cmd_serve(int argc, char** argv) {
     o.api_key = p.str("--api-key");
     if (o.api_key.empty())
         if (const char* k = std::getenv("TANSY_API_KEY")) o.api_key = k;
+    if (const char* d = std::getenv("TANSY_TEST_LOAD_DELAY_MS")) o.load_delay_ms = std::atoi(d);
     o.model_name = p.str("--model-name");
     // a checkpoint from the Hugging Face cache is served as ORG/NAME, not as its snapshot's hash
     if (o.model_name.empty() && p.has("--model") && o.engine.model_dir != p.str("--model"))

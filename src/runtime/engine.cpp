@@ -16,10 +16,7 @@
 
 namespace tansy {
 
-std::string default_model_dir() {
-    if (const char* env = std::getenv("TANSY_MODEL"); env && *env) return env;
-    return TANSY_DEFAULT_MODEL_DIR;
-}
+std::string bundled_model_dir() { return TANSY_DEFAULT_MODEL_DIR; }
 
 // Option errors are reported before anything is loaded.
 static void check_options(const engine_options& opt) {
@@ -31,7 +28,7 @@ static void check_options(const engine_options& opt) {
 engine::engine(const engine_options& opt) {
     check_options(opt);
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
-    model_ = std::make_unique<model>(load_model(opt.model_dir.empty() ? default_model_dir() : opt.model_dir));
+    model_ = std::make_unique<model>(load_model(opt.model_dir.empty() ? bundled_model_dir() : opt.model_dir));
     init(opt);
 }
 
