@@ -218,7 +218,8 @@ token_event scheduler::choose(sequence& s, const float* row, int32_t device_argm
         double lse = 0;  // log-sum-exp of the raw row: logprob(i) = row[i] - lse
         if (s.req.logprobs >= 0) {
             lse = log_sum_exp(row, nv);
-            for (const auto& [i, x] : top_logits(row, nv, s.req.logprobs)) ev.top.emplace_back(i, (float)((double)x - lse));
+            for (const auto& [i, x] : top_logits(row, nv, s.req.logprobs))
+                ev.top.emplace_back(i, (float)((double)x - lse));
         }
         const penalty_params& pp = s.req.penalties;
         const bool constrained = s.req.constraint && s.req.constraint->active();

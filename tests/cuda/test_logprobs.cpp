@@ -132,7 +132,8 @@ TEST(cuda_logprobs, records_equal_the_cpu_twin) {
     uint32_t seed = (uint32_t)std::chrono::steady_clock::now().time_since_epoch().count();  // fresh inputs each run
     printf("[ note ] seed %u\n", seed);
     const std::vector<std::pair<int64_t, int64_t>> shapes = {
-        {65, 65}, {2049, 2053}, {4096, 4096}, {4097, 4100}, {100003, 100003}, {248320 - 77, 248320 + 64}, {524288, 524288}};
+        {65, 65}, {2049, 2053}, {4096, 4096}, {4097, 4100}, {100003, 100003}, {248320 - 77, 248320 + 64},
+        {524288, 524288}};
     for (const auto& [n, ld] : shapes) expect_twin_records(n, ld, 13, seed++);
     expect_twin_records(248320, 248320, 1, seed++);  // one row: the merge's block alone
 }

@@ -34,7 +34,8 @@ using namespace cuda;
 
 static_assert(k_device_max_top_k == k_sample_max_top_k && k_device_max_sample_ids == k_sample_max_ids,
               "the scheduler's device-draw rule must match the CUDA sampler");
-static_assert(k_logprob_max_ids == k_device_max_logprob_ids, "the scheduler's device log-prob rule must match the kernels");
+static_assert(k_logprob_max_ids == k_device_max_logprob_ids,
+              "the scheduler's device log-prob rule must match the kernels");
 
 float* f32(const tensor& t) {
     TANSY_CHECK(t.type == dtype::f32, "cuda backend expects f32 activations, got %s", dtype_name(t.type));
