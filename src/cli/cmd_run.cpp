@@ -45,7 +45,7 @@ turn_result stream_turn(text_engine& te, const std::vector<int32_t>& prompt, con
                         bool thinking, const run_style& st, prefix_cache* cache = nullptr) {
     generation_request req = base;
     req.prompt = prompt;
-    req.stop = te.eos();
+    req.stop_ids = te.eos();
     auto seq = te.eng().new_sequence((int64_t)prompt.size() + req.max_tokens);
     stream_decoder dec(te.tok(), /*skip_special=*/true);
     turn_result r;

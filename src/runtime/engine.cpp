@@ -67,12 +67,16 @@ generation_stats engine::generate(seq_state& st, const generation_request& req,
     auto secs = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
     generation_stats gs;
     if (req.prompt.empty()) fail("generate: the prompt is empty");
+    if (req.penalties.any() || !req.logit_bias.empty() || req.logprobs >= 0)
+        fail("generate: penalties, logit_bias and log-probs are the scheduler's (tansy serve), not generate's");
     check_ids(req.prompt);
-    if (st.n_past() + (int64_t)req.prompt.size() + req.max_tokens > st.capacity())
+    const int64_t room = st.capacity() - st.n_past() - (int64_t)req.prompt.size();
+    if (room < 0 || req.max_tokens > room)
         fail("prompt of %zu tokens + %lld new tokens exceeds the context capacity of %lld", req.prompt.size(),
-             (long long)req.max_tokens, (long long)(st.capacity() - st.n_past()));
+             (long long)std::max<int64_t>(req.max_tokens, 0), (long long)(st.capacity() - st.n_past()));
+    const int64_t max_tokens = req.max_tokens < 0 ? room : req.max_tokens;
     gs.prompt_tokens = (int64_t)req.prompt.size();
-    if (req.max_tokens <= 0) return gs;
+    if (max_tokens <= 0) return gs;
     backend& be = *backend_;
     sampler smp(req.sampling, n_valid_);  // validates the parameters
     // Sampling the device does not draw (or device_sampling off) is drawn here from downloaded logits; the
@@ -95,8 +99,8 @@ generation_stats engine::generate(seq_state& st, const generation_request& req,
     };
     auto emit = [&](int32_t id) {
         gs.generated++;
-        const bool stop = std::find(req.stop.begin(), req.stop.end(), id) != req.stop.end();
-        return on_token(id) && !stop && gs.generated < req.max_tokens;
+        const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), id) != req.stop_ids.end();
+        return on_token(id) && !stop && gs.generated < max_tokens;
     };
 
     auto t0 = clock::now();

@@ -12,6 +12,7 @@
 #include "model/forward.h"
 #include "model/weights.h"
 #include "runtime/decode_step.h"
+#include "runtime/request.h"
 #include "sampling/sampler.h"
 
 namespace tansy {
@@ -39,11 +40,10 @@ struct engine_options {
 // honours $TANSY_MODEL: cli/args.h default_model_dir.)
 std::string bundled_model_dir();
 
-struct generation_request {
+// engine::generate's request: one sequence, greedy or sampled (penalties, logit_bias and log-probs are the
+// scheduler's; generate refuses them).
+struct generation_request : generation_params {
     std::vector<int32_t> prompt;
-    int64_t max_tokens = 16;
-    sampling_params sampling;   // temperature 0: greedy
-    std::vector<int32_t> stop;  // ids that end the generation (the stop id itself is reported)
     bool use_graphs = true;
     // sampled decoding: draw on the device where the backend can (backend::can_sample; the same token as the
     // host sampler would draw), so a step stays one graph replay; false: always the host sampler

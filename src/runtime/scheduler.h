@@ -36,6 +36,7 @@
 #include "runtime/decode_step.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/request.h"
 #include "sampling/sampler.h"
 
 namespace tansy {
@@ -83,23 +84,15 @@ class sequence_sink {
     virtual void on_finish(const finish_event& e) = 0;  // exactly once, last
 };
 
-struct sequence_request {
+// One sequence of the batch: the request's settings (max_tokens >= 1: the caller resolves -1 against its
+// context; a stop id ends it with finish_reason::stop), its prompt, and where its tokens go.
+struct sequence_request : generation_params {
     std::vector<int32_t> prompt;
-    int64_t max_tokens = 16;
-    sampling_params sampling;  // temperature 0: greedy
-    penalty_params penalties;
-    // OpenAI's logit_bias: (token id, bias) added to the logits after the penalties, before the constraint mask
-    // (ids below the engine's n_valid_tokens; the HTTP layer checks). Rows with a bias are chosen on the host.
-    std::vector<std::pair<int32_t, float>> logit_bias;
-    std::vector<int32_t> stop_ids;  // reported, then the sequence ends (finish_reason::stop)
-    int logprobs = -1;  // -1: none; k >= 0: logprob of the chosen token and the top k (k <= k_max_top_logprobs)
     // false: every token is chosen on the host from its downloaded logits row, even where the device could pick
     // it (the reference the device's picks, adjustments and log-prob records are tested against)
     bool device_pick = true;
     std::unique_ptr<token_constraint> constraint;
     std::shared_ptr<sequence_sink> sink;
-    // false: neither restored from nor stored in the prefix cache (llama.cpp's "cache_prompt": false)
-    bool cache_prompt = true;
 };
 
 struct scheduler_options {

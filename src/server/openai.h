@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/output_parser.h"
+#include "runtime/request.h"
 #include "runtime/scheduler.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -33,7 +34,10 @@ std::string dump(const ojson& j);
 
 enum class tool_choice_mode { automatic, none, required, named };
 
-struct completion_request {
+// A request body, parsed and validated: the generation's settings (generation_params: max_tokens -1 when absent,
+// stop_ids left to the server, which adds the end-of-turn ids unless ignore_eos) and what the HTTP layer renders,
+// constrains and returns.
+struct completion_request : generation_params {
     bool chat = true;
     std::string model;  // as the request names it ("" when absent); the server checks it against its names
     // chat
@@ -63,20 +67,12 @@ struct completion_request {
     // Trusted raw prompts: the text of special and added tokens in the prompt becomes those tokens
     // ("<|im_start|>" -> its id). Off by default: client text is tokenised as plain text (issue 29).
     bool allow_special_tokens = false;
-    // both
-    int64_t max_tokens = -1;  // -1: up to the context length
-    sampling_params sampling;
-    penalty_params penalties;
-    // logit_bias: token id -> bias in [-100, 100]; ids are checked against the vocabulary by the server
-    std::vector<std::pair<int32_t, float>> logit_bias;
+    // both (besides generation_params; logit_bias ids are checked against the vocabulary by the server)
     std::vector<std::string> stop;
     // vLLM's extension: the end-of-turn tokens do not end the sequence (it runs to max_tokens; they are still
     // left out of the text). For benchmarks that need every completion to have the same length.
     bool ignore_eos = false;
-    // llama.cpp's field: false keeps the prompt out of the prefix cache (neither restored nor stored)
-    bool cache_prompt = true;
     bool stream = false, include_usage = false;
-    int logprobs = -1;  // -1: none; else the number of top alternatives per token
     // Fields the server does not know, ignored (warned about on stderr once per name). The documented
     // no-ops (user, metadata, store, service_tier, prompt_cache_key, safety_identifier, parallel_tool_calls,
     // prediction) are not listed here.

@@ -180,16 +180,12 @@ void server::state::handle_completion(const http_request& req, http_response& re
             j->text = std::make_unique<completion_text>(te->tok(), te->eos(), te->think_end(), to);
 
             sequence_request sr;
+            static_cast<generation_params&>(sr) = r;
             sr.prompt = std::move(prompts[k]);
             sr.max_tokens = max_tokens;
-            sr.sampling = r.sampling;
             // several prompts with one seed: each its own stream of random numbers
             sr.sampling.seed = r.sampling.seed + (uint64_t)k * 0x9E3779B97F4A7C15ull;
-            sr.penalties = r.penalties;
-            sr.logit_bias = r.logit_bias;
             if (!r.ignore_eos) sr.stop_ids = te->eos();
-            sr.cache_prompt = r.cache_prompt;
-            sr.logprobs = r.logprobs;
             try {
                 sr.constraint = make_constraint(r, thinking[k], max_tokens);
             } catch (const api_error& e) {  // a schema the compiler refuses: named as the request named it

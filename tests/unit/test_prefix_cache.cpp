@@ -77,7 +77,7 @@ std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_
     generation_request req;
     req.prompt = prompt;
     req.max_tokens = max_tokens;
-    req.stop = te.eos();
+    req.stop_ids = te.eos();
     auto st = te.eng().new_sequence((int64_t)prompt.size() + max_tokens);
     std::vector<int32_t> out;
     te.eng().generate(*st, req, [&](int32_t id) {
@@ -370,7 +370,7 @@ TEST(prefix_cache, interval_checkpoints_at_piece_ends) {
     generation_request req;
     req.prompt = a;
     req.max_tokens = 4;
-    req.stop = tiny().eos();
+    req.stop_ids = tiny().eos();
     std::vector<int32_t> out;
     tiny().eng().generate_cached(pc2, *st, req, [&](int32_t id) { return out.push_back(id), true; });
     EXPECT_EQ(out, reference_greedy(a, 4));

@@ -34,7 +34,7 @@ std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_
     generation_request req;
     req.prompt = prompt;
     req.max_tokens = max_tokens;
-    req.stop = te.eos();
+    req.stop_ids = te.eos();
     auto st = te.eng().new_sequence((int64_t)prompt.size() + max_tokens);
     std::vector<int32_t> out;
     te.eng().generate(*st, req, [&](int32_t id) {
@@ -354,7 +354,7 @@ TEST(scheduler, cuda_lone_request_equals_generate_and_batches_run) {
         generation_request req;
         req.prompt = prompt;
         req.max_tokens = n;
-        req.stop = te->eos();
+        req.stop_ids = te->eos();
         auto st = te->eng().new_sequence((int64_t)prompt.size() + n);
         std::vector<int32_t> out;
         te->eng().generate(*st, req, [&](int32_t id) {
