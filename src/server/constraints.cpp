@@ -1,5 +1,9 @@
 // Token constraints (constraints.h): the shared token table and, per request, the masks that keep a step's
 // candidate tokens to what the recogniser allows (json_prefix.cpp, content_spec.cpp, json_schema.cpp).
+//
+// A mask is written as bits. Inside a string, the plain-text tokens that fit come from a precomputed set
+// (token_table::plain: one copy); every other token is found by a walk of the vocabulary trie (token_trie.h)
+// that feeds the recogniser each shared prefix byte once and leaves a subtree at its first rejected byte.
 #include "server/constraints.h"
 
 #include <algorithm>
@@ -12,39 +16,40 @@ namespace tansy {
 
 namespace {
 
-constexpr float k_neg_inf = -std::numeric_limits<float>::infinity();
+// Within this many tokens of the point where only the shortest completion fits, a token is allowed only when
+// the completion it leaves still fits (farther away, a token's few bytes cannot matter yet).
+constexpr int64_t k_near = 16;
 
-bool is_eos(const token_table& t, int32_t id) { return std::find(t.eos.begin(), t.eos.end(), id) != t.eos.end(); }
+void set_bit(uint32_t* words, int64_t id) { words[id / 32] |= 1u << (id % 32); }
+void clear_bit(uint32_t* words, int64_t id) { words[id / 32] &= ~(1u << (id % 32)); }
 
 // During reasoning: nothing is constrained until the tokens left fall to the reserve; then </think> comes. The
 // turn may not end inside the reasoning (the constrained answer must come).
-void mask_reasoning(const token_table& t, float* logits, int64_t n, int64_t tokens_left, int64_t reserve) {
-    if (t.think_end < 0 || t.think_end >= n) return;
-    for (int32_t e : t.eos)
-        if (e >= 0 && e < n) logits[e] = k_neg_inf;
-    if (tokens_left > reserve) return;
-    for (int64_t i = 0; i < n; i++)
-        if (i != t.think_end) logits[i] = k_neg_inf;
-}
-
-// Keeps at least one token: when a mask removed all, the end of the turn is the way out.
-void ensure_one(const token_table& t, float* logits, const std::vector<float>& saved, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (logits[i] != k_neg_inf) return;
-    for (int32_t e : t.eos)
-        if (e >= 0 && e < n) logits[e] = saved.empty() ? 0.0f : saved[(size_t)e];
-}
-
-// The loop every mask shares: each token still allowed for which ok(id, bytes) is false is masked, and one way
-// out is kept (ensure_one).
-template <class F>
-void mask_tokens(const token_table& t, float* logits, int64_t n, F&& ok) {
-    std::vector<float> saved(logits, logits + n);
-    for (int64_t i = 0; i < n; i++) {
-        if (logits[i] == k_neg_inf) continue;
-        if (!ok(i, t.bytes[(size_t)i])) logits[i] = k_neg_inf;
+void allow_reasoning(const token_table& t, uint32_t* words, int64_t n, int64_t tokens_left, int64_t reserve) {
+    if (t.think_end < 0 || t.think_end >= n) return allow_all(words, n);
+    if (tokens_left > reserve) {
+        allow_all(words, n);
+        for (int32_t e : t.eos)
+            if (e >= 0 && e < n) clear_bit(words, e);
+        return;
     }
-    ensure_one(t, logits, saved, n);
+    std::fill(words, words + mask_words(n), 0u);
+    set_bit(words, t.think_end);
+}
+
+// The end of the turn when the text is complete; nothing past the table (or the row); and at least one token
+// kept: when nothing is allowed, the end of the turn is the way out.
+void finish_mask(const token_table& t, uint32_t* words, int64_t n, bool complete) {
+    const int64_t n_text = std::min<int64_t>(n, (int64_t)t.bytes.size());
+    const int64_t n_words = mask_words(n);
+    if (n_text % 32) words[n_text / 32] &= (1u << (n_text % 32)) - 1u;
+    std::fill(words + mask_words(n_text), words + n_words, 0u);
+    for (int32_t e : t.eos)
+        if (complete && e >= 0 && e < n_text) set_bit(words, e);
+    for (int64_t w = 0; w < n_words; w++)
+        if (words[w]) return;
+    for (int32_t e : t.eos)
+        if (e >= 0 && e < n_text) set_bit(words, e);
 }
 
 // The reasoning's part of accept(): true while it runs (the id is then taken by it); </think> ends it.
@@ -59,7 +64,45 @@ bool is_text(const token_table& t, int32_t id) {
     return id >= 0 && id < (int32_t)t.bytes.size() && !t.special[(size_t)id];
 }
 
+bool plain_of(const token_table& t, int cls, int32_t id) {
+    return (!(cls & 1) || t.json_plain[(size_t)id]) && (!(cls & 2) || t.raw_plain[(size_t)id]);
+}
+
+// What a mask walk takes from the plain sets, and whether it checks each token's completion.
+struct walk_plan {
+    int plain = 0;         // the plain class whose tokens come from token_table::plain (0: none)
+    int64_t room = 0;      // ... those with at most this many code points
+    bool exact = true;     // longer ones of the class are refused (else they are walked)
+    bool near = false;     // a walked token must leave a completion of at most `limit` bytes
+    int64_t limit = 0;
+};
+
+// The allowed ids from state st: the plain set of w's class, and the walked tokens the recogniser accepts.
+template <class S, class Closer>
+void walk_allowed(const token_table& t, const S& st, trie_stack<S>& stack, const walk_plan& w, uint32_t* words,
+                  Closer&& closer_len) {
+    if (w.plain) t.plain.write(w.plain, w.room, words);
+    const int c = w.plain - 1;
+    t.trie.walk(
+        st, stack,
+        [&](const token_trie::node& x) {  // a subtree of plain tokens only: settled by the set
+            return w.plain && x.plain_cp[c] != token_trie::k_mixed && (w.exact || x.plain_cp[c] <= w.room);
+        },
+        [&](int32_t id, const S& after) {
+            if (w.plain && plain_of(t, w.plain, id) && (w.exact || t.code_points[(size_t)id] <= w.room)) return;
+            if (w.near && (int64_t)closer_len(after) > w.limit) return;
+            set_bit(words, id);
+        });
+}
+
+const auto k_no_skip = [](const token_trie::node&) { return false; };
+
 }  // namespace
+
+void allow_all(uint32_t* words, int64_t n) {
+    std::fill(words, words + n / 32, ~0u);
+    if (n % 32) words[n / 32] = (1u << (n % 32)) - 1u;
+}
 
 std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int64_t n_valid, std::vector<int32_t> eos,
                                                       int32_t think_end) {
@@ -76,10 +119,13 @@ std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int6
     t->json_plain.assign((size_t)n_valid, 0);
     t->raw_plain.assign((size_t)n_valid, 0);
     t->code_points.assign((size_t)n_valid, 0);
+    std::vector<int32_t> text;  // the trie's tokens
     for (int64_t i = 0; i < n_valid; i++) {
         const std::string& b = t->bytes[(size_t)i];
+        if (b.empty() || std::find(t->eos.begin(), t->eos.end(), (int32_t)i) != t->eos.end()) continue;
+        text.push_back((int32_t)i);
         // whole, valid UTF-8 characters only (a token that ends inside a character is checked byte by byte)
-        if (b.empty() || utf8_find_invalid(b) >= 0) continue;
+        if (utf8_find_invalid(b) >= 0) continue;
         bool json = true, raw = true;
         for (char c : b) {
             if (c == '"' || c == '\\' || (unsigned char)c < 0x20) json = false;
@@ -91,6 +137,9 @@ std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int6
         for (unsigned char c : b) cp += (c & 0xC0) != 0x80;
         t->code_points[(size_t)i] = (uint16_t)std::min<size_t>(cp, UINT16_MAX);
     }
+    t->trie.build(t->bytes, std::move(text), [&](int cls, int32_t id) { return plain_of(*t, cls, id); },
+                  t->code_points);
+    t->plain.build(n_valid, t->json_plain, t->raw_plain, t->code_points);
     return t;
 }
 
@@ -100,31 +149,29 @@ json_object_constraint::json_object_constraint(std::shared_ptr<const token_table
                                                int64_t reasoning_reserve)
     : t_(std::move(t)), reasoning_(thinking && t_->think_end >= 0), reserve_(reasoning_reserve) {}
 
-void json_object_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
+void json_object_constraint::allow(uint32_t* words, int64_t n, int64_t tokens_left) {
     const token_table& t = *t_;
-    if (reasoning_) return mask_reasoning(t, logits, n, tokens_left, reserve_);
-    n = std::min<int64_t>(n, (int64_t)t.bytes.size());
-    const std::string closer = json_.closer();
+    if (reasoning_) return allow_reasoning(t, words, n, tokens_left, reserve_);
+    std::fill(words, words + mask_words(n), 0u);
+    closer_ = json_.closer();
     // Each token adds at least one byte: with no more tokens than the completion has bytes, spell it out. One
     // token stays for the end of the turn, so that a completed object ends with finish_reason stop.
     const int64_t left = tokens_left - 1;
-    const bool closing = left <= (int64_t)closer.size();
-    const bool near = left <= (int64_t)closer.size() + 16;
-    // Which first bytes can follow at all: most tokens are ruled out by one table look-up, not a parse
-    // (outside strings only a few bytes fit; the real vocabulary has 248k tokens).
-    bool first_ok[256];
-    for (int c = 0; c < 256; c++) {
-        json_prefix p = json_;
-        first_ok[c] = p.feed((char)c);
+    const int64_t clen = (int64_t)closer_.size();
+    if (left <= clen) {
+        spelling<any_text> sp;
+        sp.text = &closer_;
+        t.trie.walk(sp, spell_, k_no_skip, [&](int32_t id, const spelling<any_text>&) { set_bit(words, id); });
+    } else {
+        walk_plan w;
+        w.plain = json_.plain_class();
+        w.room = INT64_MAX;
+        w.near = left <= clen + k_near;
+        w.limit = left - 1;
+        if (w.near && clen > w.limit) w.plain = 0;  // (a plain token keeps the completion's length)
+        walk_allowed(t, json_, walk_, w, words, [](const json_prefix& p) { return p.closer().size(); });
     }
-    mask_tokens(t, logits, n, [&](int64_t i, const std::string& b) {
-        if (!b.empty() && !closing && !first_ok[(unsigned char)b[0]]) return false;
-        if (json_.complete()) return is_eos(t, (int32_t)i);
-        if (t.special[(size_t)i] || b.empty()) return false;
-        if (closing) return closer.compare(0, b.size(), b) == 0;
-        json_prefix next = json_;
-        return next.feed(b) && (!near || (int64_t)next.closer().size() <= left - 1);
-    });
+    finish_mask(t, words, n, json_.complete());
 }
 
 void json_object_constraint::accept(int32_t id) {
@@ -134,9 +181,28 @@ void json_object_constraint::accept(int32_t id) {
 
 // ---- prefix_constraint
 
+bool prefix_state::feed(char c) {
+    if (free) return true;
+    const auto b = texts->begin();
+    const auto lo_it = std::lower_bound(b + lo, b + hi, c, [&](const std::string& s, char x) {
+        return (unsigned char)s[pos] < (unsigned char)x;  // (every text in range is longer than pos)
+    });
+    const auto hi_it = std::upper_bound(lo_it, b + hi, c, [&](char x, const std::string& s) {
+        return (unsigned char)x < (unsigned char)s[pos];
+    });
+    lo = (uint32_t)(lo_it - b), hi = (uint32_t)(hi_it - b);
+    if (lo == hi) return false;
+    pos++;
+    if ((*texts)[lo].size() == pos) free = true;  // one was spelled out: anything may follow
+    return true;
+}
+
 prefix_constraint::prefix_constraint(std::shared_ptr<const token_table> t, bool thinking, int64_t reasoning_reserve,
                                      std::vector<std::string> alternatives)
-    : t_(std::move(t)), reasoning_(thinking && t_->think_end >= 0), reserve_(reasoning_reserve), alts_(std::move(alternatives)) {}
+    : t_(std::move(t)), reasoning_(thinking && t_->think_end >= 0), reserve_(reasoning_reserve), alts_(std::move(alternatives)),
+      sorted_(alts_) {
+    std::sort(sorted_.begin(), sorted_.end());
+}
 
 bool prefix_constraint::allowed(const std::string& s) const {
     for (const std::string& a : alts_)
@@ -144,13 +210,17 @@ bool prefix_constraint::allowed(const std::string& s) const {
     return false;
 }
 
-void prefix_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
+void prefix_constraint::allow(uint32_t* words, int64_t n, int64_t tokens_left) {
     const token_table& t = *t_;
-    if (reasoning_) return mask_reasoning(t, logits, n, tokens_left, reserve_);
-    n = std::min<int64_t>(n, (int64_t)t.bytes.size());
-    mask_tokens(t, logits, n, [&](int64_t i, const std::string& b) {
-        return !t.special[(size_t)i] && !b.empty() && allowed(so_far_ + b);
-    });
+    if (reasoning_) return allow_reasoning(t, words, n, tokens_left, reserve_);
+    std::fill(words, words + mask_words(n), 0u);
+    prefix_state p;
+    p.texts = &sorted_, p.hi = (uint32_t)sorted_.size();
+    p.free = !sorted_.empty() && sorted_[0].empty();
+    bool ok = true;
+    for (char c : so_far_) ok = ok && p.feed(c);
+    if (ok) t.trie.walk(p, walk_, k_no_skip, [&](int32_t id, const prefix_state&) { set_bit(words, id); });
+    finish_mask(t, words, n, false);
 }
 
 void prefix_constraint::accept(int32_t id) {
@@ -172,58 +242,30 @@ schema_constraint::schema_constraint(std::shared_ptr<const token_table> t, bool 
     : t_(std::move(t)), reasoning_(thinking && t_->think_end >= 0), reserve_(reasoning_reserve), spec_(std::move(spec)),
       st_(spec_.get()) {}
 
-void schema_constraint::mask(float* logits, int64_t n, int64_t tokens_left) {
+void schema_constraint::allow(uint32_t* words, int64_t n, int64_t tokens_left) {
     const token_table& t = *t_;
-    if (reasoning_) return mask_reasoning(t, logits, n, tokens_left, reserve_);
-    n = std::min<int64_t>(n, (int64_t)t.bytes.size());
-    std::string closer;
-    const size_t clen = st_.closer(&closer);
-    const bool complete = st_.complete();
+    if (reasoning_) return allow_reasoning(t, words, n, tokens_left, reserve_);
+    std::fill(words, words + mask_words(n), 0u);
+    const size_t clen = st_.closer(nullptr);
     // Each token adds at least one byte: with no more tokens than the completion has bytes, spell it out. One
     // token stays for the end of the turn, so that a completed document ends with finish_reason stop.
     const int64_t left = tokens_left - 1;
-    const bool closing = clen != SIZE_MAX && left <= (int64_t)clen;
-    const bool near = clen != SIZE_MAX && left <= (int64_t)clen + 16;
-    // Most tokens fail on their first or second byte: a table look-up each, filled once per step (the second
-    // byte's row only for first bytes that fit), instead of a walk per token
-    bool first_ok[256];
-    std::vector<content_state> after_first;
-    after_first.reserve(256);
-    for (int c = 0; c < 256; c++) {
-        after_first.push_back(st_);
-        first_ok[c] = after_first.back().feed((char)c);
+    if (clen != SIZE_MAX && left <= (int64_t)clen) {
+        closer_.clear();
+        st_.closer(&closer_);
+        spelling<content_state> sp{st_, &closer_, 0};
+        t.trie.walk(sp, spell_, k_no_skip, [&](int32_t id, const spelling<content_state>&) { set_bit(words, id); });
+    } else {
+        walk_plan w;
+        w.plain = st_.plain_class(&w.room, &w.exact);
+        w.near = clen != SIZE_MAX && left <= (int64_t)clen + k_near;
+        w.limit = left - 1;
+        // Near the end, plain tokens pass only inside JSON strings, whose completion such a token never
+        // lengthens (a raw value's may grow by one: walked there)
+        if (w.near && (w.plain == 2 || (int64_t)clen > w.limit)) w.plain = 0;
+        walk_allowed(t, st_, walk_, w, words, [](const content_state& s) { return s.closer(nullptr); });
     }
-    std::vector<int8_t> second_ok(256 * 256, -1);
-    auto pair_ok = [&](unsigned char a, unsigned char b) {
-        int8_t& v = second_ok[(size_t)a * 256 + b];
-        if (v < 0) {
-            for (int c = 0; c < 256; c++) {
-                content_state p = after_first[a];
-                second_ok[(size_t)a * 256 + (size_t)c] = p.feed((char)c);
-            }
-        }
-        return v == 1;
-    };
-    // Plain-text tokens inside a string need no walk; near the end too inside JSON strings, whose closer such a
-    // token never lengthens (a raw value's may grow by one: walked there)
-    int64_t room = 0;
-    int plain = st_.plain_class(&room);
-    if (near && (plain == 2 || (int64_t)clen > left - 1)) plain = 0;
-    mask_tokens(t, logits, n, [&](int64_t i, const std::string& b) {
-        if (is_eos(t, (int32_t)i)) return complete;
-        if (t.special[(size_t)i] || b.empty() || !first_ok[(unsigned char)b[0]] ||
-            (b.size() >= 2 && !closing && !plain && !pair_ok((unsigned char)b[0], (unsigned char)b[1])))
-            return false;
-        if (closing) {
-            content_state next = st_;
-            return b.size() <= closer.size() && closer.compare(0, b.size(), b) == 0 && next.feed(b);
-        }
-        if (plain && (!(plain & 1) || t.json_plain[(size_t)i]) && (!(plain & 2) || t.raw_plain[(size_t)i]) &&
-            t.code_points[(size_t)i] <= room)
-            return true;
-        content_state next = st_;
-        return next.feed(b) && (!near || (int64_t)next.closer(nullptr) <= left - 1);
-    });
+    finish_mask(t, words, n, st_.complete());
 }
 
 void schema_constraint::accept(int32_t id) {

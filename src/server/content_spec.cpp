@@ -345,16 +345,17 @@ size_t content_state::closer(std::string* out) const {
 
 bool content_state::complete() const { return phase_ == ph_after || (phase_ == ph_json && js_.accepting()); }
 
-int content_state::plain_class(int64_t* room) const {
+int content_state::plain_class(int64_t* room, bool* exact) const {
     *room = UINT32_MAX;
+    *exact = true;
     if (phase_ == ph_json) {
-        *room = js_.free_string_room();
+        *room = js_.free_string_room(exact);
         if (!s_->tools.empty())  // "<tool_call>" may not be spelled (feed): plain tokens only without a '<' under way
             return *room >= 0 && std::memchr(tail_, '<', tail_n_) == nullptr ? 3 : 0;
         return *room >= 0 ? 1 : 0;
     }
     if (phase_ == ph_jval) {  // no parser tag may be under way either
-        *room = js_.free_string_room();
+        *room = js_.free_string_room(exact);
         return *room >= 0 && std::memchr(tail_, '<', tail_n_) == nullptr ? 3 : 0;
     }
     if (phase_ == ph_sval && u8_need_ == 0 && m_ <= 1) {

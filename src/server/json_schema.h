@@ -137,8 +137,9 @@ class schema_state {
     bool started() const { return started_; }
     // Inside a string (a single alternative, after a complete character, no escape pending): how many more code
     // points of plain string text may come (UINT32_MAX: any); -1 when not in such a string. Tokens of plain text
-    // that fit pass without a walk.
-    int64_t free_string_room() const;
+    // that fit pass without a walk. *exact: longer plain text is refused (in an additional key, where the limit
+    // is in bytes, the room is a lower bound).
+    int64_t free_string_room(bool* exact) const;
 
   private:
     const schema_program* p_ = nullptr;
