@@ -81,18 +81,32 @@ struct walk_plan {
 template <class S, class Closer>
 void walk_allowed(const token_table& t, const S& st, trie_stack<S>& stack, const walk_plan& w, uint32_t* words,
                   Closer&& closer_len) {
-    if (w.plain) t.plain.write(w.plain, w.room, words);
+    auto check = [&](int32_t id, const S& after) {
+        if (w.near && (int64_t)closer_len(after) > w.limit) return;
+        set_bit(words, id);
+    };
+    auto no_skip = [](const token_trie::node&) { return false; };
+    if (!w.plain) return t.trie.walk(st, stack, no_skip, check);
     const int c = w.plain - 1;
-    t.trie.walk(
-        st, stack,
-        [&](const token_trie::node& x) {  // a subtree of plain tokens only: settled by the set
-            return w.plain && x.plain_cp[c] != token_trie::k_mixed && (w.exact || x.plain_cp[c] <= w.room);
-        },
-        [&](int32_t id, const S& after) {
-            if (w.plain && plain_of(t, w.plain, id) && (w.exact || t.code_points[(size_t)id] <= w.room)) return;
-            if (w.near && (int64_t)closer_len(after) > w.limit) return;
-            set_bit(words, id);
-        });
+    t.plain.write(w.plain, w.room, words);
+    // plain tokens beyond the room that may still be fine: the long ones, or (a room below plain_sets::k_steps)
+    // any, from the whole trie but for the subtrees the plain set settles
+    const bool longer = !w.exact && w.room < t.long_plain[c].max_cp();
+    if (longer && w.room < plain_sets::k_steps - 1) {
+        return t.trie.walk(
+            st, stack, [&](const token_trie::node& x) { return x.plain_fits(w.plain, w.room); },
+            [&](int32_t id, const S& after) {
+                if (plain_of(t, w.plain, id) && t.code_points[(size_t)id] <= w.room) return;
+                check(id, after);
+            });
+    }
+    t.rest[c].walk(st, stack, no_skip, check);
+    if (longer)
+        t.long_plain[c].walk(
+            st, stack, [&](const token_trie::node& x) { return x.max_cp <= w.room; },
+            [&](int32_t id, const S& after) {
+                if (t.code_points[(size_t)id] > w.room) check(id, after);
+            });
 }
 
 const auto k_no_skip = [](const token_trie::node&) { return false; };
@@ -137,8 +151,17 @@ std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int6
         for (unsigned char c : b) cp += (c & 0xC0) != 0x80;
         t->code_points[(size_t)i] = (uint16_t)std::min<size_t>(cp, UINT16_MAX);
     }
-    t->trie.build(t->bytes, std::move(text), [&](int cls, int32_t id) { return plain_of(*t, cls, id); },
-                  t->code_points);
+    const auto is_plain = [&](int cls, int32_t id) { return plain_of(*t, cls, id); };
+    for (int c = 1; c <= k_plain_classes; c++) {
+        std::vector<int32_t> rest, long_plain;
+        for (int32_t id : text) {
+            if (!is_plain(c, id)) rest.push_back(id);
+            else if (t->code_points[(size_t)id] >= plain_sets::k_steps) long_plain.push_back(id);
+        }
+        t->rest[c - 1].build(t->bytes, std::move(rest), is_plain, t->code_points);
+        t->long_plain[c - 1].build(t->bytes, std::move(long_plain), is_plain, t->code_points);
+    }
+    t->trie.build(t->bytes, std::move(text), is_plain, t->code_points);
     t->plain.build(n_valid, t->json_plain, t->raw_plain, t->code_points);
     return t;
 }

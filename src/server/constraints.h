@@ -37,8 +37,13 @@ struct token_table {
     // per id: the text can sit inside a raw tool-call string value anywhere (no '<'; whole UTF-8 characters)
     std::vector<uint8_t> raw_plain;
     std::vector<uint16_t> code_points;  // per id: UTF-8 characters in its text
-    token_trie trie;    // the text tokens: not special, not empty, not an end of turn (those follow complete())
-    plain_sets plain;   // json_plain / raw_plain ids as mask bits, by code points
+    // The tries a mask walks. trie: the text tokens (not special, not empty, not an end of turn: those follow
+    // complete()); inside a string, per plain class c - 1, rest: the text tokens not plain of it (the plain ones
+    // come from `plain`), long_plain: its plain tokens of plain_sets::k_steps code points or more (checked only
+    // when the room is not exact, in additional keys)
+    token_trie trie;
+    token_trie rest[k_plain_classes], long_plain[k_plain_classes];
+    plain_sets plain;  // json_plain / raw_plain ids as mask bits, by code points
     static std::shared_ptr<const token_table> build(const tokenizer& tok, int64_t n_valid, std::vector<int32_t> eos,
                                                     int32_t think_end);
 };

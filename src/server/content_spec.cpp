@@ -26,6 +26,9 @@ bool tail_ends_with(const char* tail, size_t n, std::string_view tag) {
     return n >= tag.size() && std::string_view(tail + n - tag.size(), tag.size()) == tag;
 }
 
+// Every parser tag ends with one of these bytes: no tag can have just ended on another.
+bool ends_a_tag(char c) { return c == '>' || c == '='; }
+
 bool has_parser_tag(std::string_view s) {
     for (const char* t : k_parser_tags)
         if (s.find(t) != std::string_view::npos) return true;
@@ -476,7 +479,8 @@ bool content_state::feed(char c) {
             push_tail(tail_, &tail_n_, c);
             m_ = 0;
             for (size_t k = std::min<size_t>(tail_n_, k_value_tag.size()); k > 0; k--)
-                if (std::string_view(tail_ + tail_n_ - k, k) == std::string_view(k_value_tag).substr(0, k)) {
+                if (tail_[tail_n_ - k] == k_value_tag[0] &&
+                    std::string_view(tail_ + tail_n_ - k, k) == std::string_view(k_value_tag).substr(0, k)) {
                     m_ = (uint8_t)k;
                     break;
                 }
@@ -486,8 +490,9 @@ bool content_state::feed(char c) {
                 lit_ = &k_param_close, pos_ = (uint16_t)k_value_tag.size(), lit_next_ = ph_params, phase_ = ph_lit;
                 return true;
             }
-            for (const char* tag : k_parser_tags)
-                if (tail_ends_with(tail_, tail_n_, tag)) return false;
+            if (ends_a_tag(c))
+                for (const char* tag : k_parser_tags)
+                    if (tail_ends_with(tail_, tail_n_, tag)) return false;
             return chars_ - m_ <= pr.max_len;
         }
         case ph_jval: {
@@ -500,8 +505,9 @@ bool content_state::feed(char c) {
             }
             if (r != schema_state::result::ok) return false;
             push_tail(tail_, &tail_n_, c);
-            for (const char* tag : k_parser_tags)
-                if (tail_ends_with(tail_, tail_n_, tag)) return false;
+            if (ends_a_tag(c))
+                for (const char* tag : k_parser_tags)
+                    if (tail_ends_with(tail_, tail_n_, tag)) return false;
             return true;
         }
         case ph_after:
@@ -514,7 +520,7 @@ bool content_state::feed(char c) {
             if (js_.feed(c) != schema_state::result::ok) return false;
             if (!s_->tools.empty()) {  // with tools offered, the parser would take "<tool_call>" in a string for a call
                 push_tail(tail_, &tail_n_, c);
-                if (tail_ends_with(tail_, tail_n_, "<tool_call>")) return false;
+                if (c == '>' && tail_ends_with(tail_, tail_n_, "<tool_call>")) return false;
             }
             return true;
         case ph_free: return true;

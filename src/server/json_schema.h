@@ -126,6 +126,15 @@ class schema_state {
   public:
     schema_state() = default;
     schema_state(const schema_program* p, int root);
+    schema_state(const schema_state& o);
+    schema_state& operator=(const schema_state& o);
+    schema_state(schema_state&& o) noexcept
+        : p_(o.p_), alts_(std::move(o.alts_)), n_(o.n_), started_(o.started_) { o.n_ = 0; }
+    schema_state& operator=(schema_state&& o) noexcept {
+        p_ = o.p_, alts_ = std::move(o.alts_), n_ = o.n_, started_ = o.started_;
+        o.n_ = 0;
+        return *this;
+    }
     enum class result : uint8_t { fail, ok, ended };  // ended: the value was complete before c (c not consumed)
     result feed(char c);
     bool feed(std::string_view s);  // all bytes consumed
@@ -143,7 +152,8 @@ class schema_state {
 
   private:
     const schema_program* p_ = nullptr;
-    std::vector<schema_alt> alts_;
+    std::vector<schema_alt> alts_;  // [0, n_): the live alternatives; the rest keep their buffers for reuse
+    uint8_t n_ = 0;
     bool started_ = false;
 };
 

@@ -26,17 +26,16 @@ struct trie_stack {
 
 class token_trie {
   public:
-    static constexpr uint8_t k_mixed = 255;  // plain_cp: the subtree has a token that is not plain of the class
     struct node {
-        int32_t end = 0;    // preorder index just past this node's subtree
-        int32_t first = 0;  // ids()[first, first + n_ids): the tokens whose text ends here
-        uint16_t depth = 0; // bytes from the root (the root's children have depth 1)
+        int32_t end = 0;     // preorder index just past this node's subtree
+        int32_t first = 0;   // ids()[first, first + n_ids): the tokens whose text ends here
+        uint16_t depth = 0;  // bytes from the root (the root's children have depth 1)
         uint8_t byte = 0;
         uint8_t n_ids = 0;
-        bool last = false;  // the last child of its parent (the parent's state is not needed after it)
-        // per plain class c - 1: the most code points of the subtree's tokens when all are plain of class c,
-        // else k_mixed (such a subtree is settled by the plain set, not walked)
-        uint8_t plain_cp[k_plain_classes] = {k_mixed, k_mixed, k_mixed};
+        bool last = false;   // the last child of its parent (the parent's state is not needed after it)
+        uint8_t plain = 0;   // bit c - 1: every token of the subtree is plain of class c
+        uint16_t max_cp = 0; // the most code points of a token of the subtree (UTF-8 characters, whole ones)
+        bool plain_fits(int cls, int64_t room) const { return (plain >> (cls - 1) & 1) && max_cp <= room; }
     };
 
     // bytes: the text per id; ids: the tokens to hold (non-empty texts); plain(c, id): id is plain of class c
@@ -48,6 +47,7 @@ class token_trie {
     const std::vector<node>& nodes() const { return nodes_; }
     const std::vector<int32_t>& ids() const { return ids_; }  // sorted by text (preorder)
     int max_depth() const { return max_depth_; }
+    int max_cp() const { return max_cp_; }
 
     // Feeds every node's byte to a copy of its parent's state (S::feed(char) -> bool), from s0 at the root. A
     // subtree is not entered when skip(node) says so, nor past a rejected byte; visit(id, state) is called for
@@ -59,7 +59,7 @@ class token_trie {
     void link(const std::vector<std::string>& bytes);  // nodes_ from ids_ (sorted)
     std::vector<node> nodes_;                        // preorder
     std::vector<int32_t> ids_;
-    int max_depth_ = 0;
+    int max_depth_ = 0, max_cp_ = 0;
 };
 
 // Per plain class, the bitset of its tokens with at most r code points (mask_words layout).
@@ -89,7 +89,7 @@ void token_trie::build(const std::vector<std::string>& bytes, std::vector<int32_
     });
     ids_ = std::move(ids);
     link(bytes);
-    // plain_cp bottom up: a token's own class, folded into each ancestor (preorder reversed: children first)
+    // plain and max_cp bottom up: a token's own, folded into each ancestor (preorder reversed: children first)
     std::vector<int32_t> parent(nodes_.size(), -1);
     std::vector<int32_t> open;
     for (int32_t i = 0; i < (int32_t)nodes_.size(); i++) {
@@ -97,22 +97,23 @@ void token_trie::build(const std::vector<std::string>& bytes, std::vector<int32_
         parent[(size_t)i] = open.empty() ? -1 : open.back();
         open.push_back(i);
     }
-    for (node& x : nodes_)
-        for (int c = 0; c < k_plain_classes; c++) x.plain_cp[c] = 0;  // no token yet: settles nothing alone
-    auto fold = [](uint8_t a, uint8_t b) { return a == k_mixed || b == k_mixed ? k_mixed : std::max(a, b); };
+    constexpr uint8_t k_all = (1u << k_plain_classes) - 1;
+    for (node& x : nodes_) x.plain = k_all, x.max_cp = 0;  // no token yet
+    max_cp_ = 0;
     for (int32_t i = (int32_t)nodes_.size(); i-- > 0;) {
         node& x = nodes_[(size_t)i];
         for (int k = 0; k < x.n_ids; k++) {
             const int32_t id = ids_[(size_t)(x.first + k)];
-            const uint16_t cp = code_points[(size_t)id];
-            for (int c = 0; c < k_plain_classes; c++)
-                x.plain_cp[c] = fold(x.plain_cp[c], plain(c + 1, id) && cp < k_mixed ? (uint8_t)cp : k_mixed);
+            for (int c = 1; c <= k_plain_classes; c++)
+                if (!plain(c, id)) x.plain &= (uint8_t)~(1u << (c - 1));
+            x.max_cp = std::max(x.max_cp, code_points[(size_t)id]);
         }
-        if (parent[(size_t)i] >= 0)
-            for (int c = 0; c < k_plain_classes; c++) {
-                uint8_t& p = nodes_[(size_t)parent[(size_t)i]].plain_cp[c];
-                p = fold(p, x.plain_cp[c]);
-            }
+        if (parent[(size_t)i] >= 0) {
+            node& p = nodes_[(size_t)parent[(size_t)i]];
+            p.plain &= x.plain;
+            p.max_cp = std::max(p.max_cp, x.max_cp);
+        }
+        max_cp_ = std::max<int>(max_cp_, x.max_cp);
     }
 }
 
