@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/check.h"
 #include "tokenizer/utf8.h"
 
 namespace tansy {
@@ -70,43 +71,83 @@ bool plain_of(const token_table& t, int cls, int32_t id) {
 
 // What a mask walk takes from the plain sets, and whether it checks each token's completion.
 struct walk_plan {
-    int plain = 0;         // the plain class whose tokens come from token_table::plain (0: none)
-    int64_t room = 0;      // ... those with at most this many code points
-    bool exact = true;     // longer ones of the class are refused (else they are walked)
+    plain_info plain;      // the plain tokens token_table::plain settles (cls 0: none)
     bool near = false;     // a walked token must leave a completion of at most `limit` bytes
     int64_t limit = 0;
 };
 
-// The allowed ids from state st: the plain set of w's class, and the walked tokens the recogniser accepts.
-template <class S, class Closer>
-void walk_allowed(const token_table& t, const S& st, trie_stack<S>& stack, const walk_plan& w, uint32_t* words,
-                  Closer&& closer_len) {
-    auto check = [&](int32_t id, const S& after) {
-        if (w.near && (int64_t)closer_len(after) > w.limit) return;
-        set_bit(words, id);
-    };
+// A constraint's memo of its walks (used away from the limit only, where the walk depends on the state alone).
+struct walk_memo {
+    mask_cache& cache;
+    const std::string& key;        // the state's
+    std::vector<int32_t>& walked;  // scratch: the ids the walk allowed
+};
+
+// Zeroes the words of a row of n ids (the table's, or more: ids past the table are never allowed).
+void begin_mask(const token_table& t, uint32_t* words, int64_t n) {
+    TANSY_CHECK(n >= (int64_t)t.bytes.size(), "grammar mask: a row of %lld ids, the token table has %zu",
+                (long long)n, t.bytes.size());
+    std::fill(words, words + mask_words(n), 0u);
+}
+
+// The plain set of p: its tokens that fit the room, but for those of an excepted first byte.
+void plain_base(const token_table& t, const plain_info& p, uint32_t* words) {
+    t.plain.write(p.cls, p.room, words);
+    if (!p.any_except()) return;
+    for (int b = 0; b < 256; b++)
+        if (p.excepted((uint8_t)b))
+            for (int32_t k = t.trie.first_byte(b); k < t.trie.first_byte(b + 1); k++) clear_bit(words, t.trie.ids()[(size_t)k]);
+}
+
+// The walks behind walk_allowed: check(id, state after it) for each token the plain set does not settle.
+template <class S, class Check>
+void walk_tries(const token_table& t, const S& st, trie_stack<S>& stack, const plain_info& p, Check&& check) {
     auto no_skip = [](const token_trie::node&) { return false; };
-    if (!w.plain) return t.trie.walk(st, stack, no_skip, check);
-    const int c = w.plain - 1;
-    t.plain.write(w.plain, w.room, words);
+    if (!p.cls) return t.trie.walk(st, stack, no_skip, check);
+    const int c = p.cls - 1;
+    // an excepted first byte's subtree is walked whole (from the whole trie), and skipped in the walks below
+    uint8_t root = 0;
+    auto excepted = [&](const token_trie::node& x) {
+        if (x.depth == 1) root = x.byte;
+        return p.excepted(root);
+    };
+    if (p.any_except()) t.trie.walk(st, stack, [&](const token_trie::node& x) { return !excepted(x); }, check);
     // plain tokens beyond the room that may still be fine: the long ones, or (a room below plain_sets::k_steps)
     // any, from the whole trie but for the subtrees the plain set settles
-    const bool longer = !w.exact && w.room < t.long_plain[c].max_cp();
-    if (longer && w.room < plain_sets::k_steps - 1) {
+    const bool longer = !p.exact && p.room < t.long_plain[c].max_cp();
+    if (longer && p.room < plain_sets::k_steps - 1) {
         return t.trie.walk(
-            st, stack, [&](const token_trie::node& x) { return x.plain_fits(w.plain, w.room); },
+            st, stack, [&](const token_trie::node& x) { return excepted(x) || x.plain_fits(p.cls, p.room); },
             [&](int32_t id, const S& after) {
-                if (plain_of(t, w.plain, id) && t.code_points[(size_t)id] <= w.room) return;
+                if (plain_of(t, p.cls, id) && t.code_points[(size_t)id] <= p.room) return;
                 check(id, after);
             });
     }
-    t.rest[c].walk(st, stack, no_skip, check);
+    t.rest[c].walk(st, stack, excepted, check);
     if (longer)
         t.long_plain[c].walk(
-            st, stack, [&](const token_trie::node& x) { return x.max_cp <= w.room; },
+            st, stack, [&](const token_trie::node& x) { return excepted(x) || x.max_cp <= p.room; },
             [&](int32_t id, const S& after) {
-                if (t.code_points[(size_t)id] > w.room) check(id, after);
+                if (t.code_points[(size_t)id] > p.room) check(id, after);
             });
+}
+
+// The allowed ids from state st: the plain set, and the walked tokens the recogniser accepts (from the memo
+// when it has the state: then no walk).
+template <class S, class Closer>
+void walk_allowed(const token_table& t, const S& st, trie_stack<S>& stack, const walk_plan& w, uint32_t* words,
+                  Closer&& closer_len, const walk_memo* memo) {
+    if (w.plain.cls && !w.plain.refused) plain_base(t, w.plain, words);
+    const int64_t n_words = mask_words((int64_t)t.bytes.size());
+    if (memo && memo->cache.apply(memo->key, words, n_words)) return;
+    if (memo) memo->walked.clear();
+    auto check = [&](int32_t id, const S& after) {
+        if (w.near && (int64_t)closer_len(after) > w.limit) return;
+        set_bit(words, id);
+        if (memo) memo->walked.push_back(id);
+    };
+    walk_tries(t, st, stack, w.plain, check);
+    if (memo) memo->cache.insert(memo->key, memo->walked, n_words);
 }
 
 const auto k_no_skip = [](const token_trie::node&) { return false; };
@@ -140,7 +181,7 @@ std::shared_ptr<const token_table> token_table::build(const tokenizer& tok, int6
         text.push_back((int32_t)i);
         // whole, valid UTF-8 characters only (a token that ends inside a character is checked byte by byte)
         if (utf8_find_invalid(b) >= 0) continue;
-        bool json = true, raw = true;
+        bool json = true, raw = b.back() != '\n';
         for (char c : b) {
             if (c == '"' || c == '\\' || (unsigned char)c < 0x20) json = false;
             if (c == '<') raw = false;
@@ -175,7 +216,7 @@ json_object_constraint::json_object_constraint(std::shared_ptr<const token_table
 void json_object_constraint::allow(uint32_t* words, int64_t n, int64_t tokens_left) {
     const token_table& t = *t_;
     if (reasoning_) return allow_reasoning(t, words, n, tokens_left, reserve_);
-    std::fill(words, words + mask_words(n), 0u);
+    begin_mask(t, words, n);
     closer_ = json_.closer();
     // Each token adds at least one byte: with no more tokens than the completion has bytes, spell it out. One
     // token stays for the end of the turn, so that a completed object ends with finish_reason stop.
@@ -187,12 +228,15 @@ void json_object_constraint::allow(uint32_t* words, int64_t n, int64_t tokens_le
         t.trie.walk(sp, spell_, k_no_skip, [&](int32_t id, const spelling<any_text>&) { set_bit(words, id); });
     } else {
         walk_plan w;
-        w.plain = json_.plain_class();
-        w.room = INT64_MAX;
+        w.plain = json_.plain();
         w.near = left <= clen + k_near;
         w.limit = left - 1;
-        if (w.near && clen > w.limit) w.plain = 0;  // (a plain token keeps the completion's length)
-        walk_allowed(t, json_, walk_, w, words, [](const json_prefix& p) { return p.closer().size(); });
+        if (w.near && clen > w.limit) w.plain = {};  // (then each token's own completion is checked)
+        const walk_memo memo{cache_, key_, walked_};
+        const bool memo_on = memo_ && !w.near;  // (near the limit, the closers matter too)
+        if (memo_on) key_.clear(), json_.key(&key_);
+        walk_allowed(t, json_, walk_, w, words, [](const json_prefix& p) { return p.closer().size(); },
+                     memo_on ? &memo : nullptr);
     }
     finish_mask(t, words, n, json_.complete());
 }
@@ -236,7 +280,7 @@ bool prefix_constraint::allowed(const std::string& s) const {
 void prefix_constraint::allow(uint32_t* words, int64_t n, int64_t tokens_left) {
     const token_table& t = *t_;
     if (reasoning_) return allow_reasoning(t, words, n, tokens_left, reserve_);
-    std::fill(words, words + mask_words(n), 0u);
+    begin_mask(t, words, n);
     prefix_state p;
     p.texts = &sorted_, p.hi = (uint32_t)sorted_.size();
     p.free = !sorted_.empty() && sorted_[0].empty();
@@ -268,7 +312,7 @@ schema_constraint::schema_constraint(std::shared_ptr<const token_table> t, bool 
 void schema_constraint::allow(uint32_t* words, int64_t n, int64_t tokens_left) {
     const token_table& t = *t_;
     if (reasoning_) return allow_reasoning(t, words, n, tokens_left, reserve_);
-    std::fill(words, words + mask_words(n), 0u);
+    begin_mask(t, words, n);
     const size_t clen = st_.closer(nullptr);
     // Each token adds at least one byte: with no more tokens than the completion has bytes, spell it out. One
     // token stays for the end of the turn, so that a completed document ends with finish_reason stop.
@@ -280,13 +324,20 @@ void schema_constraint::allow(uint32_t* words, int64_t n, int64_t tokens_left) {
         t.trie.walk(sp, spell_, k_no_skip, [&](int32_t id, const spelling<content_state>&) { set_bit(words, id); });
     } else {
         walk_plan w;
-        w.plain = st_.plain_class(&w.room, &w.exact);
+        w.plain = st_.plain();
         w.near = clen != SIZE_MAX && left <= (int64_t)clen + k_near;
         w.limit = left - 1;
-        // Near the end, plain tokens pass only inside JSON strings, whose completion such a token never
-        // lengthens (a raw value's may grow by one: walked there)
-        if (w.near && (w.plain == 2 || (int64_t)clen > w.limit)) w.plain = 0;
-        walk_allowed(t, st_, walk_, w, words, [](const content_state& s) { return s.closer(nullptr); });
+        // near the end, plain tokens pass only while the completion they leave (at most growth bytes longer) fits;
+        // when it is one length for all and does not fit, none passes (and none is walked)
+        if (w.near && (int64_t)(clen + w.plain.growth) > w.limit) {
+            if (w.plain.closer == SIZE_MAX) w.plain = {};
+            else if ((int64_t)w.plain.closer > w.limit) w.plain.refused = true;
+        }
+        const walk_memo memo{cache_, key_, walked_};
+        const bool memo_on = memo_ && !w.near;  // (near the limit, the closers matter too)
+        if (memo_on) key_.clear(), st_.key(&key_);
+        walk_allowed(t, st_, walk_, w, words, [](const content_state& s) { return s.closer(nullptr); },
+                     memo_on ? &memo : nullptr);
     }
     finish_mask(t, words, n, st_.complete());
 }

@@ -21,6 +21,7 @@
 
 #include "runtime/scheduler.h"
 #include "server/json_schema.h"
+#include "server/mask_cache.h"
 #include "server/token_trie.h"
 #include "tokenizer/tokenizer.h"
 
@@ -34,7 +35,8 @@ struct token_table {
     int32_t think_end = -1;
     // per id: the text can sit inside a JSON string anywhere (no '"', '\\', control bytes; whole UTF-8 characters)
     std::vector<uint8_t> json_plain;
-    // per id: the text can sit inside a raw tool-call string value anywhere (no '<'; whole UTF-8 characters)
+    // per id: the text can sit inside a raw tool-call string value anywhere (no '<'; whole UTF-8 characters;
+    // not ending with a newline, which could start the value's closing "\n</parameter>")
     std::vector<uint8_t> raw_plain;
     std::vector<uint16_t> code_points;  // per id: UTF-8 characters in its text
     // The tries a mask walks. trie: the text tokens (not special, not empty, not an end of turn: those follow
@@ -73,9 +75,11 @@ class json_prefix {
     bool complete() const { return stage_ == stage::done; }
     // The shortest text that completes the object from here ("" when complete).
     std::string closer() const;
-    // 1 when any json_plain token (see token_table) is fine here whatever its bytes and length (inside a string,
-    // no escape or character under way), else 0; such a token leaves closer() as long as it was.
-    int plain_class() const { return stage_ == stage::string && esc_ == 0 && u8_need_ == 0; }
+    // Inside a string (no escape or character under way) any json_plain token (see token_table) is fine, and
+    // leaves closer() as long as it was.
+    plain_info plain() const;
+    // Appends a text equal for two states that take the same bytes from here on (a mask cache's key).
+    void key(std::string* out) const;
 
   private:
     enum class stage : uint8_t { start, value, obj_first, arr_first, obj_key, colon, after_value, string, number, literal, done };
@@ -106,16 +110,20 @@ class json_object_constraint final : public token_constraint {
     bool active() const override { return true; }
     void allow(uint32_t* words, int64_t n_valid, int64_t tokens_left) override;
     void accept(int32_t id) override;
+    void memoise(bool on) { memo_ = on; }  // off: every mask is walked (benchmarks of the walk alone)
 
   private:
     std::shared_ptr<const token_table> t_;
     bool reasoning_;
     int64_t reserve_;
     json_prefix json_;
-    // scratch of the mask walks
+    // scratch of the mask walks, and their memo by state
     trie_stack<json_prefix> walk_;
     trie_stack<spelling<any_text>> spell_;
-    std::string closer_;
+    std::string closer_, key_;
+    std::vector<int32_t> walked_;
+    mask_cache cache_{k_mask_cache_bytes};
+    bool memo_ = true;
 };
 
 // A recogniser of "one of some texts, then anything" (prefix_constraint's walk): the sorted texts still
@@ -198,10 +206,14 @@ class content_state {
     bool complete() const;  // the end of the turn may come now
     bool free() const { return phase_ == ph_free; }
     size_t closer(std::string* out) const;  // the shortest completion ("" when complete)
-    // Which plain-text tokens (see token_table) are fine here whatever their bytes: 0 none, 1 json_plain,
-    // 2 raw_plain, 3 both (a JSON string inside a tool parameter); *room: at most this many code points;
-    // *exact: longer ones of the class are not fine (else they may be, and must be checked).
-    int plain_class(int64_t* room, bool* exact) const;
+    // Which plain-text tokens (see token_table) are fine here whatever their bytes: json_plain ones inside a
+    // JSON string, raw_plain ones inside a raw value, both inside a JSON string of a tool parameter or beside
+    // tools; but for those that could finish a tag under way in the last bytes (plain_info::except).
+    plain_info plain() const;
+    // Appends a text equal for two states (of one spec) that take the same bytes from here on and say the same to
+    // plain() (a mask cache's key; the shortest completion may differ): the fields the phase reads, counts past
+    // every limit that could still apply folded, of the raw tail only what could still become a tag.
+    void key(std::string* out) const;
 
   private:
     enum : uint8_t { ph_start, ph_lit, ph_name, ph_params, ph_pname, ph_sval, ph_senum, ph_jval, ph_after, ph_json,
@@ -238,6 +250,7 @@ class schema_constraint final : public token_constraint {
     void accept(int32_t id) override;
     const content_state& state() const { return st_; }
     void set_state(const content_state& s) { st_ = s, reasoning_ = false; }  // for tests and benchmarks
+    void memoise(bool on) { memo_ = on; }  // off: every mask is walked (benchmarks of the walk alone)
 
   private:
     std::shared_ptr<const token_table> t_;
@@ -246,10 +259,13 @@ class schema_constraint final : public token_constraint {
     std::shared_ptr<const content_spec> spec_;
     content_state st_;
     bool done_ = false;
-    // scratch of the mask walks
+    // scratch of the mask walks, and their memo by state
     trie_stack<content_state> walk_;
     trie_stack<spelling<content_state>> spell_;
-    std::string closer_;
+    std::string closer_, key_;
+    std::vector<int32_t> walked_;
+    mask_cache cache_{k_mask_cache_bytes};
+    bool memo_ = true;
 };
 
 }  // namespace tansy

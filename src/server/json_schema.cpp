@@ -582,4 +582,52 @@ int64_t schema_state::free_string_room(bool* exact) const {
     return n.max_len == UINT32_MAX ? (int64_t)UINT32_MAX : (int64_t)n.max_len - (int64_t)f.count;
 }
 
+namespace {
+
+template <class T>
+void put_raw(std::string* out, T v) {
+    out->append((const char*)&v, sizeof v);
+}
+
+}  // namespace
+
+void schema_state::key(std::string* out) const {
+    put_raw(out, started_);
+    put_raw(out, n_);
+    for (size_t i = 0; i < n_; i++) {
+        const schema_alt& a = alts_[i];
+        put_raw(out, a.ws);
+        put_raw(out, (uint16_t)a.stack.size());
+        for (const schema_frame& f : a.stack) {
+            const schema_node& n = p_->node(f.node);
+            put_raw(out, f.kind);
+            put_raw(out, f.node);
+            switch (f.kind) {
+                case k_obj: put_raw(out, f.st), put_raw(out, f.next), put_raw(out, f.cur); break;
+                case k_arr: {
+                    // past the prefix items and minItems, with no maxItems, every further item reads alike
+                    const uint32_t settled = std::max<uint32_t>((uint32_t)n.prefix.size(), n.min_items);
+                    put_raw(out, f.st);
+                    put_raw(out, n.max_items == UINT32_MAX ? std::min(f.count, settled) : f.count);
+                    break;
+                }
+                case k_str:
+                    // with no maxLength, the length only matters until minLength is reached
+                    put_raw(out, n.max_len == UINT32_MAX ? std::min(f.count, n.min_len) : f.count);
+                    put_raw(out, f.esc), put_raw(out, f.u8_need);
+                    if (f.u8_need) put_raw(out, f.u8_lo), put_raw(out, f.u8_hi);
+                    break;
+                case k_num: put_raw(out, f.st), put_raw(out, f.count), put_raw(out, f.flags); break;
+                case k_lit: put_raw(out, f.texts), put_raw(out, f.lo), put_raw(out, f.hi), put_raw(out, f.pos); break;
+                case k_key:
+                    put_raw(out, f.lo), put_raw(out, f.hi), put_raw(out, f.pos), put_raw(out, f.flags), put_raw(out, f.count);
+                    put_raw(out, f.u8_need);
+                    if (f.u8_need) put_raw(out, f.u8_lo), put_raw(out, f.u8_hi);
+                    break;
+                default: break;  // k_value: its node alone
+            }
+        }
+    }
+}
+
 }  // namespace tansy

@@ -149,6 +149,10 @@ class schema_state {
     // that fit pass without a walk. *exact: longer plain text is refused (in an additional key, where the limit
     // is in bytes, the room is a lower bound).
     int64_t free_string_room(bool* exact) const;
+    // Appends a text that is equal for two states (of one program) that take the same bytes from here on: the
+    // fields each frame reads, with counts past every limit that could still apply folded (a mask cache's key;
+    // the shortest completion may differ).
+    void key(std::string* out) const;
 
   private:
     const schema_program* p_ = nullptr;

@@ -43,6 +43,11 @@ void token_trie::link(const std::vector<std::string>& bytes) {
         prev = &b;
     }
     close_to(0);
+    size_t k = 0;
+    for (int b = 0; b <= 256; b++) {
+        while (k < ids_.size() && (uint8_t)bytes[(size_t)ids_[k]][0] < b) k++;
+        by_first_[b] = (int32_t)k;
+    }
     // the last child: its subtree ends where its parent's does
     std::vector<int32_t> path;
     for (int32_t i = 0; i < (int32_t)nodes_.size(); i++) {

@@ -14,8 +14,23 @@
 
 namespace tansy {
 
-// Plain classes (content_state::plain_class): 1 json_plain, 2 raw_plain, 3 both.
+// Plain classes (token_table::json_plain / raw_plain): 1 json_plain, 2 raw_plain, 3 both.
 constexpr int k_plain_classes = 3;
+
+// Which plain-text tokens a recogniser state takes whatever their bytes (json_prefix::plain, content_state::plain),
+// so that a mask sets them from a precomputed set instead of walking them.
+struct plain_info {
+    int cls = 0;           // 0: none; else the plain class
+    int64_t room = 0;      // ... with at most this many code points
+    bool exact = true;     // longer ones of the class are refused (else they may fit: walked)
+    size_t growth = 0;     // how many bytes longer such a token can make the shortest completion
+    size_t closer = SIZE_MAX;  // the shortest completion after any such token, when the same for all
+    bool refused = false;  // (a mask's) none of them may come: they are neither set nor walked
+    uint64_t except[4] = {};  // first bytes whose plain tokens are walked instead (they may finish a tag)
+    bool excepted(uint8_t b) const { return except[b >> 6] >> (b & 63) & 1; }
+    void add_except(uint8_t b) { except[b >> 6] |= 1ull << (b & 63); }
+    bool any_except() const { return except[0] | except[1] | except[2] | except[3]; }
+};
 
 // A recogniser state per trie depth (reused across walks: copy-assigning a state keeps its buffers).
 template <class S>
@@ -46,6 +61,8 @@ class token_trie {
 
     const std::vector<node>& nodes() const { return nodes_; }
     const std::vector<int32_t>& ids() const { return ids_; }  // sorted by text (preorder)
+    // ids()[first_byte(b), first_byte(b + 1)): the tokens whose text starts with byte b
+    int32_t first_byte(int b) const { return by_first_[(size_t)b]; }
     int max_depth() const { return max_depth_; }
     int max_cp() const { return max_cp_; }
 
@@ -59,6 +76,7 @@ class token_trie {
     void link(const std::vector<std::string>& bytes);  // nodes_ from ids_ (sorted)
     std::vector<node> nodes_;                        // preorder
     std::vector<int32_t> ids_;
+    int32_t by_first_[257] = {};
     int max_depth_ = 0, max_cp_ = 0;
 };
 

@@ -1,7 +1,7 @@
-// The grammar masks' per-token definition, as the constraints computed it before the trie walk: every token
-// of the vocabulary checked on its own (a first/second-byte table, the plain-text shortcut inside strings, else a
-// copy of the recogniser fed the token's text). Kept only as the oracle the trie-walk masks must equal
-// exactly (test_json_schema.cpp, test_server_text.cpp) and as the "before" of the mask benchmark.
+// The grammar masks' per-token definition: every token of the vocabulary checked on its own, a copy of the
+// recogniser fed its whole text (the masks before the trie walk did the same, with first/second-byte tables
+// and a plain-text shortcut inside strings on top). No shortcut here: the oracle the trie-walk masks, their
+// plain sets and their memo must equal exactly (test_grammar_mask.cpp), and the "before" of the benchmark.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -43,17 +43,12 @@ inline void json_object_mask(const token_table& t, const json_prefix& json, floa
     const int64_t left = tokens_left - 1;
     const bool closing = left <= (int64_t)closer.size();
     const bool near = left <= (int64_t)closer.size() + k_near;
-    bool first_ok[256];
-    for (int c = 0; c < 256; c++) {
-        json_prefix p = json;
-        first_ok[c] = p.feed((char)c);
-    }
+    json_prefix next = json;  // (assigned per token: its buffers reused)
     mask_tokens(t, logits, n, [&](int64_t i, const std::string& b) {
-        if (!b.empty() && !closing && !first_ok[(unsigned char)b[0]]) return false;
         if (json.complete()) return is_eos(t, (int32_t)i);
         if (t.special[(size_t)i] || b.empty()) return false;
         if (closing) return closer.compare(0, b.size(), b) == 0;
-        json_prefix next = json;
+        next = json;
         return next.feed(b) && (!near || (int64_t)next.closer().size() <= left - 1);
     });
 }
@@ -81,41 +76,12 @@ inline void schema_mask(const token_table& t, const content_state& st, float* lo
     const int64_t left = tokens_left - 1;
     const bool closing = clen != SIZE_MAX && left <= (int64_t)clen;
     const bool near = clen != SIZE_MAX && left <= (int64_t)clen + k_near;
-    bool first_ok[256];
-    std::vector<content_state> after_first;
-    after_first.reserve(256);
-    for (int c = 0; c < 256; c++) {
-        after_first.push_back(st);
-        first_ok[c] = after_first.back().feed((char)c);
-    }
-    std::vector<int8_t> second_ok(256 * 256, -1);
-    auto pair_ok = [&](unsigned char a, unsigned char b) {
-        int8_t& v = second_ok[(size_t)a * 256 + b];
-        if (v < 0) {
-            for (int c = 0; c < 256; c++) {
-                content_state p = after_first[a];
-                second_ok[(size_t)a * 256 + (size_t)c] = p.feed((char)c);
-            }
-        }
-        return v == 1;
-    };
-    int64_t room = 0;
-    bool exact = false;
-    int plain = st.plain_class(&room, &exact);
-    if (near && (plain == 2 || (int64_t)clen > left - 1)) plain = 0;
+    content_state next = st;  // (assigned per token: its buffers reused)
     mask_tokens(t, logits, n, [&](int64_t i, const std::string& b) {
         if (is_eos(t, (int32_t)i)) return complete;
-        if (t.special[(size_t)i] || b.empty() || !first_ok[(unsigned char)b[0]] ||
-            (b.size() >= 2 && !closing && !plain && !pair_ok((unsigned char)b[0], (unsigned char)b[1])))
-            return false;
-        if (closing) {
-            content_state next = st;
-            return b.size() <= closer.size() && closer.compare(0, b.size(), b) == 0 && next.feed(b);
-        }
-        if (plain && (!(plain & 1) || t.json_plain[(size_t)i]) && (!(plain & 2) || t.raw_plain[(size_t)i]) &&
-            t.code_points[(size_t)i] <= room)
-            return true;
-        content_state next = st;
+        if (t.special[(size_t)i] || b.empty()) return false;
+        next = st;
+        if (closing) return b.size() <= closer.size() && closer.compare(0, b.size(), b) == 0 && next.feed(b);
         return next.feed(b) && (!near || (int64_t)next.closer(nullptr) <= left - 1);
     });
 }
