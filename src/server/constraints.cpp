@@ -92,7 +92,12 @@ void begin_mask(const token_table& t, uint32_t* words, int64_t n) {
 
 // The plain set of p: its tokens that fit the room, but for those of an excepted first byte.
 void plain_base(const token_table& t, const plain_info& p, uint32_t* words) {
-    t.plain.write(p.cls, p.room, words);
+    t.plain.write(p.cls, p.bytes ? INT64_MAX : p.room, words);
+    if (p.bytes)  // a room in bytes: the whole class, less the tokens longer than the room
+        for (int32_t id : t.trie.longest_first()) {
+            if ((int64_t)t.bytes[(size_t)id].size() <= p.room) break;
+            clear_bit(words, id);
+        }
     if (!p.any_except()) return;
     for (int b = 0; b < 256; b++)
         if (p.excepted((uint8_t)b))
@@ -112,6 +117,14 @@ void walk_tries(const token_table& t, const S& st, trie_stack<S>& stack, const p
         return p.excepted(root);
     };
     if (p.any_except()) t.trie.walk(st, stack, [&](const token_trie::node& x) { return !excepted(x); }, check);
+    if (p.bytes) {  // the set holds the plain tokens of at most room bytes; longer ones are walked
+        auto fits = [&](int32_t id) { return plain_of(t, p.cls, id) && (int64_t)t.bytes[(size_t)id].size() <= p.room; };
+        return t.trie.walk(
+            st, stack, [&](const token_trie::node& x) { return excepted(x) || (x.all_plain(p.cls) && x.max_len <= p.room); },
+            [&](int32_t id, const S& after) {
+                if (!fits(id)) check(id, after);
+            });
+    }
     // plain tokens beyond the room that may still be fine: the long ones, or (a room below plain_sets::k_steps)
     // any, from the whole trie but for the subtrees the plain set settles
     const bool longer = !p.exact && p.room < t.long_plain[c].max_cp();
@@ -126,7 +139,7 @@ void walk_tries(const token_table& t, const S& st, trie_stack<S>& stack, const p
     t.rest[c].walk(st, stack, excepted, check);
     if (longer)
         t.long_plain[c].walk(
-            st, stack, [&](const token_trie::node& x) { return excepted(x) || x.max_cp <= p.room; },
+            st, stack, [&](const token_trie::node& x) { return excepted(x) || x.cp_within(p.room); },
             [&](int32_t id, const S& after) {
                 if (t.code_points[(size_t)id] > p.room) check(id, after);
             });
@@ -137,7 +150,9 @@ void walk_tries(const token_table& t, const S& st, trie_stack<S>& stack, const p
 template <class S, class Closer>
 void walk_allowed(const token_table& t, const S& st, trie_stack<S>& stack, const walk_plan& w, uint32_t* words,
                   Closer&& closer_len, const walk_memo* memo) {
-    if (w.plain.cls && !w.plain.refused) plain_base(t, w.plain, words);
+    plain_info p = w.plain;
+    if (p.bytes && p.room >= t.trie.max_depth()) p.bytes = false, p.room = INT64_MAX, p.exact = true;  // all fit
+    if (p.cls && !p.refused) plain_base(t, p, words);
     const int64_t n_words = mask_words((int64_t)t.bytes.size());
     if (memo && memo->cache.apply(memo->key, words, n_words)) return;
     if (memo) memo->walked.clear();
@@ -146,7 +161,7 @@ void walk_allowed(const token_table& t, const S& st, trie_stack<S>& stack, const
         set_bit(words, id);
         if (memo) memo->walked.push_back(id);
     };
-    walk_tries(t, st, stack, w.plain, check);
+    walk_tries(t, st, stack, p, check);
     if (memo) memo->cache.insert(memo->key, memo->walked, n_words);
 }
 

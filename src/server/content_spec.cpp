@@ -364,7 +364,7 @@ plain_info content_state::plain() const {
     switch (phase_) {
         case ph_json:
         case ph_jval:
-            p.room = js_.free_string_room(&p.exact);
+            p.room = js_.free_string_room(&p.exact, &p.bytes);
             if (p.room < 0) return {};
             if (phase_ == ph_json && s_->tools.empty()) {
                 p.cls = 1;

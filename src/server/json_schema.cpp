@@ -570,12 +570,14 @@ size_t schema_state::closer(std::string* out) const {
     return best;
 }
 
-int64_t schema_state::free_string_room(bool* exact) const {
-    *exact = false;
+int64_t schema_state::free_string_room(bool* exact, bool* bytes) const {
+    *exact = false, *bytes = false;
     if (n_ != 1 || alts_[0].stack.empty()) return -1;
     const schema_frame& f = alts_[0].stack.back();
-    if (f.kind == k_key && f.lo == f.hi && f.flags && f.u8_need == 0)  // an additional key, no listed one left
-        return ((int64_t)k_max_key - (int64_t)f.count) / 4;            // (count is in bytes there)
+    if (f.kind == k_key && f.lo == f.hi && f.flags && f.u8_need == 0) {  // an additional key, no listed one left
+        *bytes = true;
+        return (int64_t)k_max_key - (int64_t)f.count;
+    }
     if (f.kind != k_str || f.esc != 0 || f.u8_need != 0) return -1;
     *exact = true;
     const schema_node& n = p_->node(f.node);

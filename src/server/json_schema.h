@@ -146,9 +146,10 @@ class schema_state {
     bool started() const { return started_; }
     // Inside a string (a single alternative, after a complete character, no escape pending): how many more code
     // points of plain string text may come (UINT32_MAX: any); -1 when not in such a string. Tokens of plain text
-    // that fit pass without a walk. *exact: longer plain text is refused (in an additional key, where the limit
-    // is in bytes, the room is a lower bound).
-    int64_t free_string_room(bool* exact) const;
+    // that fit pass without a walk. *exact: longer plain text is refused. In an additional key the limit is in
+    // bytes (*bytes set): plain text of at most room bytes fits, longer text may (its last character may start
+    // inside the room).
+    int64_t free_string_room(bool* exact, bool* bytes) const;
     // Appends a text that is equal for two states (of one program) that take the same bytes from here on: the
     // fields each frame reads, with counts past every limit that could still apply folded (a mask cache's key;
     // the shortest completion may differ).

@@ -43,6 +43,9 @@ void token_trie::link(const std::vector<std::string>& bytes) {
         prev = &b;
     }
     close_to(0);
+    by_len_ = ids_;
+    std::stable_sort(by_len_.begin(), by_len_.end(),
+                     [&](int32_t a, int32_t b) { return bytes[(size_t)a].size() > bytes[(size_t)b].size(); });
     size_t k = 0;
     for (int b = 0; b <= 256; b++) {
         while (k < ids_.size() && (uint8_t)bytes[(size_t)ids_[k]][0] < b) k++;
@@ -54,7 +57,7 @@ void token_trie::link(const std::vector<std::string>& bytes) {
         node& x = nodes_[(size_t)i];
         path.resize((size_t)x.depth - 1);
         const int32_t parent_end = path.empty() ? (int32_t)nodes_.size() : nodes_[(size_t)path.back()].end;
-        x.last = x.end == parent_end;
+        if (x.end == parent_end) x.flags |= k_last;
         path.push_back(i);
     }
 }

@@ -23,6 +23,7 @@ struct plain_info {
     int cls = 0;           // 0: none; else the plain class
     int64_t room = 0;      // ... with at most this many code points
     bool exact = true;     // longer ones of the class are refused (else they may fit: walked)
+    bool bytes = false;    // room counts bytes, not code points (an additional key; never exact)
     size_t growth = 0;     // how many bytes longer such a token can make the shortest completion
     size_t closer = SIZE_MAX;  // the shortest completion after any such token, when the same for all
     bool refused = false;  // (a mask's) none of them may come: they are neither set nor walked
@@ -41,16 +42,23 @@ struct trie_stack {
 
 class token_trie {
   public:
+    static constexpr uint8_t k_last = 1u << k_plain_classes;  // node::flags
+    static constexpr uint8_t k_many = 255;                     // node::max_cp: this many or more
     struct node {
-        int32_t end = 0;     // preorder index just past this node's subtree
-        int32_t first = 0;   // ids()[first, first + n_ids): the tokens whose text ends here
-        uint16_t depth = 0;  // bytes from the root (the root's children have depth 1)
+        int32_t end = 0;       // preorder index just past this node's subtree
+        int32_t first = 0;     // ids()[first, ...): the subtree's tokens; the first n_ids end here
+        uint16_t depth = 0;    // bytes from the root (the root's children have depth 1)
+        uint16_t max_len = 0;  // the most bytes of a token of the subtree
         uint8_t byte = 0;
         uint8_t n_ids = 0;
-        bool last = false;   // the last child of its parent (the parent's state is not needed after it)
-        uint8_t plain = 0;   // bit c - 1: every token of the subtree is plain of class c
-        uint16_t max_cp = 0; // the most code points of a token of the subtree (UTF-8 characters, whole ones)
-        bool plain_fits(int cls, int64_t room) const { return (plain >> (cls - 1) & 1) && max_cp <= room; }
+        // bit c - 1: every token of the subtree is plain of class c; k_last: the last child of its parent (the
+        // parent's state is not needed after it)
+        uint8_t flags = 0;
+        uint8_t max_cp = 0;    // the most code points of a token of the subtree (whole UTF-8 characters)
+        bool last() const { return flags & k_last; }
+        bool all_plain(int cls) const { return flags >> (cls - 1) & 1; }
+        bool cp_within(int64_t room) const { return max_cp != k_many && max_cp <= room; }
+        bool plain_fits(int cls, int64_t room) const { return all_plain(cls) && cp_within(room); }
     };
 
     // bytes: the text per id; ids: the tokens to hold (non-empty texts); plain(c, id): id is plain of class c
@@ -65,6 +73,9 @@ class token_trie {
     int32_t first_byte(int b) const { return by_first_[(size_t)b]; }
     int max_depth() const { return max_depth_; }
     int max_cp() const { return max_cp_; }
+    const std::vector<int32_t>& longest_first() const { return by_len_; }  // the ids, longest text first
+    // ids()[x.first, ids_end(x)): the tokens of x's subtree
+    int32_t ids_end(const node& x) const { return x.end < (int32_t)nodes_.size() ? nodes_[(size_t)x.end].first : (int32_t)ids_.size(); }
 
     // Feeds every node's byte to a copy of its parent's state (S::feed(char) -> bool), from s0 at the root. A
     // subtree is not entered when skip(node) says so, nor past a rejected byte; visit(id, state) is called for
@@ -75,7 +86,7 @@ class token_trie {
   private:
     void link(const std::vector<std::string>& bytes);  // nodes_ from ids_ (sorted)
     std::vector<node> nodes_;                        // preorder
-    std::vector<int32_t> ids_;
+    std::vector<int32_t> ids_, by_len_;
     int32_t by_first_[257] = {};
     int max_depth_ = 0, max_cp_ = 0;
 };
@@ -116,22 +127,24 @@ void token_trie::build(const std::vector<std::string>& bytes, std::vector<int32_
         open.push_back(i);
     }
     constexpr uint8_t k_all = (1u << k_plain_classes) - 1;
-    for (node& x : nodes_) x.plain = k_all, x.max_cp = 0;  // no token yet
+    for (node& x : nodes_) x.flags |= k_all, x.max_cp = 0, x.max_len = 0;  // no token yet
     max_cp_ = 0;
     for (int32_t i = (int32_t)nodes_.size(); i-- > 0;) {
         node& x = nodes_[(size_t)i];
         for (int k = 0; k < x.n_ids; k++) {
             const int32_t id = ids_[(size_t)(x.first + k)];
             for (int c = 1; c <= k_plain_classes; c++)
-                if (!plain(c, id)) x.plain &= (uint8_t)~(1u << (c - 1));
-            x.max_cp = std::max(x.max_cp, code_points[(size_t)id]);
+                if (!plain(c, id)) x.flags &= (uint8_t)~(1u << (c - 1));
+            x.max_cp = (uint8_t)std::min<int>(std::max<int>(x.max_cp, code_points[(size_t)id]), k_many);
+            x.max_len = std::max(x.max_len, x.depth);
+            max_cp_ = std::max<int>(max_cp_, code_points[(size_t)id]);
         }
         if (parent[(size_t)i] >= 0) {
             node& p = nodes_[(size_t)parent[(size_t)i]];
-            p.plain &= x.plain;
+            p.flags &= (uint8_t)(x.flags | k_last);
             p.max_cp = std::max(p.max_cp, x.max_cp);
+            p.max_len = std::max(p.max_len, x.max_len);
         }
-        max_cp_ = std::max<int>(max_cp_, x.max_cp);
     }
 }
 
@@ -154,7 +167,7 @@ void token_trie::walk(const S& s0, trie_stack<S>& st, Skip&& skip, Visit&& visit
         }
         // the parent's state, copied; or, for its last child, taken over (nothing visits the parent's depth
         // again before rewriting it)
-        if (x.last) std::swap(at[x.depth - 1], at[x.depth]);
+        if (x.last()) std::swap(at[x.depth - 1], at[x.depth]);
         else *at[x.depth] = *at[x.depth - 1];
         if (!at[x.depth]->feed((char)x.byte)) {
             i = x.end;

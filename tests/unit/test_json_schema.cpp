@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <random>
 
 #include "runtime/output_parser.h"
@@ -561,22 +562,35 @@ void generation_mask_costs(std::shared_ptr<const token_table> t) {
         {"name": {"type": "string", "maxLength": 40}, "score": {"type": "number"}}, "required": ["name", "score"]}}},
         "required": ["answer", "n", "items"]})");
     const ojson any_object = {{"type", "object"}, {"additionalProperties", true}};
-    const std::vector<std::pair<const char*, std::shared_ptr<const content_spec>>> specs = {
-        {"json_schema", build_content_spec(&s, false, nullptr, "", false, true)},
-        {"json_object", build_content_spec(&any_object, false, nullptr, "", false, true)},
-        {"tool calls", build_content_spec(nullptr, false, demo_tools(), "", true, true)},
+    auto schema = [&](std::shared_ptr<const content_spec> spec) {
+        return [t, spec](bool memo) -> std::unique_ptr<token_constraint> {
+            auto c = std::make_unique<schema_constraint>(t, false, 8, spec);
+            c->memoise(memo);
+            return c;
+        };
+    };
+    using maker = std::function<std::unique_ptr<token_constraint>(bool)>;
+    const std::vector<std::pair<const char*, maker>> cases = {
+        {"json_schema", schema(build_content_spec(&s, false, nullptr, "", false, true))},
+        {"any object", schema(build_content_spec(&any_object, false, nullptr, "", false, true))},
+        {"tool calls", schema(build_content_spec(nullptr, false, demo_tools(), "", true, true))},
+        {"json_object", [t](bool memo) -> std::unique_ptr<token_constraint> {
+             auto c = std::make_unique<json_object_constraint>(t, false, 8);
+             c->memoise(memo);
+             return c;
+         }},
     };
     std::vector<uint32_t> words((size_t)mask_words(n));
     std::vector<float> logits((size_t)n);
-    for (const auto& [name, spec] : specs) {
+    for (const auto& [name, make] : cases) {
         std::vector<int32_t> ids[2];
         for (int memo = 1; memo >= 0; memo--) {
             std::vector<double> ms;
             for (uint32_t seed = 0; seed < 3; seed++) {
                 std::mt19937 rng(seed);
                 std::normal_distribution<float> nd(0.0f, 3.0f);
-                schema_constraint c(t, false, 8, spec);
-                c.memoise(memo);
+                const std::unique_ptr<token_constraint> made = make(memo);
+                token_constraint& c = *made;
                 for (int64_t k = 0; k < k_tokens && c.active(); k++) {
                     const auto t0 = std::chrono::steady_clock::now();
                     c.allow(words.data(), n, k_tokens - k);
