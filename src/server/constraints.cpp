@@ -3,12 +3,11 @@
 //
 // A mask is written as bits. Inside a string, the plain-text tokens that fit come from a precomputed set
 // (token_table::plain: one copy); every other token is found by a walk of the vocabulary trie (token_trie.h)
-// that feeds the recogniser each shared prefix byte once and leaves a subtree at its first rejected byte.
+// that feeds the recogniser each shared prefix byte once and leaves a subtree at its first rejected byte. Away
+// from the length limit, what a walk allowed is kept by state (mask_cache.h): a state seen again costs no walk.
 #include "server/constraints.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 
 #include "core/check.h"
 #include "tokenizer/utf8.h"

@@ -1,7 +1,6 @@
 // The grammar masks' per-token definition: every token of the vocabulary checked on its own, a copy of the
-// recogniser fed its whole text (the masks before the trie walk did the same, with first/second-byte tables
-// and a plain-text shortcut inside strings on top). No shortcut here: the oracle the trie-walk masks, their
-// plain sets and their memo must equal exactly (test_grammar_mask.cpp), and the "before" of the benchmark.
+// recogniser fed its whole text; no byte tables, no plain-text sets, no memo. The oracle the trie-walk masks
+// must equal exactly (test_grammar_mask.cpp), and the per-token cost in the mask benchmark (test_json_schema.cpp).
 #pragma once
 #include <algorithm>
 #include <cstdint>

@@ -1,7 +1,8 @@
-// Grammar masks (constraints.cpp): the trie walk's bits equal the per-token definition (mask_reference.h)
-// exactly, on the real 151k Qwen3 vocabulary and the tiny model's, in random states reached by random walks
-// through several schemas, tool-call specs, json_object and forced prefixes, at several tokens_left values
-// around the closing and near-the-limit thresholds. Seeds are fresh per run (TANSY_MASK_SEED repeats one).
+// Grammar masks (constraints.cpp): the trie walk's bits (plain sets and memo included: one constraint serves
+// all the states of a walk) equal the per-token definition (mask_reference.h) exactly, on the real 151k Qwen3
+// vocabulary and the tiny model's, in random states reached by random walks through several schemas, tool-call
+// specs, json_object and forced prefixes, and in hand-picked edge states, at several tokens_left values around
+// the closing and near-the-limit thresholds. Seeds are fresh per run (TANSY_MASK_SEED repeats one).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -22,6 +23,7 @@ using ojson = nlohmann::ordered_json;
 
 constexpr int64_t k_far = 100000;  // tokens left that never constrain the length
 constexpr int k_steps = 40;        // tokens per random walk (enough to get into nested values and tool calls)
+constexpr size_t k_all_lefts = 9;  // lefts_around: far and all eight values around the thresholds
 
 text_engine& tiny() {
     static text_engine te([] {
@@ -205,7 +207,7 @@ void all_schema_walks(const std::shared_ptr<const token_table>& t, int walks, si
     for (const spec_case& s : spec_cases()) schema_walks(t, s.spec, s.name, seed + 1000 * k++, walks, checks);
 }
 
-TEST(grammar_mask, schema_masks_equal_the_per_token_definition_tiny_vocab) { all_schema_walks(tiny_table(), 8, 9); }
+TEST(grammar_mask, schema_masks_equal_the_per_token_definition_tiny_vocab) { all_schema_walks(tiny_table(), 8, k_all_lefts); }
 
 TEST(grammar_mask, schema_masks_equal_the_per_token_definition_qwen3_vocab) {
     if (!qwen3_table()) GTEST_SKIP() << "no tokenizers/qwen3 fixture";
@@ -244,7 +246,7 @@ void edge_states(const std::shared_ptr<const token_table>& t) {
         ASSERT_TRUE(st.feed(prefix)) << prefix;
         schema_constraint c(t, false, 8, spec);
         c.set_state(st);
-        for (int64_t left : lefts_around(st.closer(nullptr), 9, rng)) {
+        for (int64_t left : lefts_around(st.closer(nullptr), k_all_lefts, rng)) {
             c.allow(got.data(), n, left);
             std::fill(row.begin(), row.end(), 0.0f);
             reference::schema_mask(*t, st, row.data(), n, left);
@@ -293,7 +295,7 @@ void json_object_walks(const std::shared_ptr<const token_table>& t, int walks, s
 }
 
 TEST(grammar_mask, json_object_masks_equal_the_per_token_definition) {
-    json_object_walks(tiny_table(), 8, 9);
+    json_object_walks(tiny_table(), 8, k_all_lefts);
     if (qwen3_table()) json_object_walks(qwen3_table(), 3, 3);
 }
 
