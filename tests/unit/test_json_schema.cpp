@@ -552,8 +552,9 @@ void mask_costs(std::shared_ptr<const token_table> t) {
     }
 }
 
-// The mask's cost per step over whole constrained generations (random logits, as the scheduler picks), with the
-// memo and without (the same tokens come either way): what a constrained row adds between its steps.
+// The mask's cost per step over whole constrained generations (each step a random allowed token, as the argmax
+// of random logits picks), with the memo and without (the same tokens come either way): what a constrained row
+// adds between its steps.
 void generation_mask_costs(std::shared_ptr<const token_table> t) {
     constexpr int64_t k_tokens = 200;  // a typical structured answer's length
     const int64_t n = (int64_t)t->bytes.size();
@@ -581,27 +582,25 @@ void generation_mask_costs(std::shared_ptr<const token_table> t) {
          }},
     };
     std::vector<uint32_t> words((size_t)mask_words(n));
-    std::vector<float> logits((size_t)n);
     for (const auto& [name, make] : cases) {
         std::vector<int32_t> ids[2];
         for (int memo = 1; memo >= 0; memo--) {
             std::vector<double> ms;
             for (uint32_t seed = 0; seed < 3; seed++) {
                 std::mt19937 rng(seed);
-                std::normal_distribution<float> nd(0.0f, 3.0f);
                 const std::unique_ptr<token_constraint> made = make(memo);
                 token_constraint& c = *made;
                 for (int64_t k = 0; k < k_tokens && c.active(); k++) {
                     const auto t0 = std::chrono::steady_clock::now();
                     c.allow(words.data(), n, k_tokens - k);
                     ms.push_back(ms_since(t0));
+                    // the argmax of random logits over the allowed ids: one of them, uniformly
+                    int64_t allowed = 0;
+                    for (uint32_t w : words) allowed += __builtin_popcount(w);
+                    int64_t r = (int64_t)(rng() % (uint64_t)allowed);
                     int32_t best = -1;
-                    for (int64_t v = 0; v < n; v++) {
-                        const float x = nd(rng);
-                        logits[(size_t)v] = x;
-                        if ((words[(size_t)(v / 32)] >> (v % 32) & 1u) && (best < 0 || x > logits[(size_t)best]))
-                            best = (int32_t)v;
-                    }
+                    for (int64_t v = 0; best < 0; v++)
+                        if ((words[(size_t)(v / 32)] >> (v % 32) & 1u) && r-- == 0) best = (int32_t)v;
                     c.accept(best);
                     ids[memo].push_back(best);
                     if (std::find(t->eos.begin(), t->eos.end(), best) != t->eos.end()) break;
