@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/tensor.h"
+#include "sampling/logprobs.h"
 #include "sampling/sampler.h"
 #include "model/weights.h"
 #include "state/seq_state.h"
@@ -56,6 +57,8 @@ inline bool row_samples_on_device(const sampling_params& p, int64_t n_valid) {
     return p.temperature > 0 && p.top_k >= 1 && p.top_k <= k_device_max_top_k && p.top_k < n_valid &&
            n_valid <= k_device_max_sample_ids;
 }
+// The device computes log-prob records (backend::logprob_rows) over vocabularies of up to this many ids.
+constexpr int64_t k_device_max_logprob_ids = 524288;
 inline void pack_row_sampling(float out[k_row_sampling_cols], const sampling_params& p, int64_t n_valid) {
     const bool dev = row_samples_on_device(p, n_valid);
     out[0] = dev ? p.temperature : 0.0f;
@@ -189,6 +192,16 @@ class backend {
     // After a pick: counts[row_slot[r]][ids[r]] += 1 (saturating below k_count_prompt_bit) for rows whose slot is
     // active. One row per slot.
     virtual void count_picks(const tensor& counts, const tensor& ids, const tensor& row_slot, const tensor& pen) = 0;
+    // Log-probabilities of the raw logits (OpenAI's logprobs / top_logprobs; sampling/logprobs.h) for the rows
+    // whose slot asks for them: row r, of slot row_slot[r], with n = top[row_slot[r]] (int32 [slots, 1]: -1 none,
+    // 0 the pick's only, 1..k_max_top_logprobs the top n too), gets records[r] (int32 [rows, k_logprob_words]:
+    // the row's log-sum-exp over its first n_valid logits, the logit of its pick ids[r], its top n (id, logit)).
+    // Other rows' records are left as they are. logits must be the raw ones: run it before adjust_logits, or on
+    // a copy taken before.
+    virtual void logprob_rows(const tensor& records, const tensor& logits, int64_t n_valid, const tensor& ids,
+                              const tensor& row_slot, const tensor& top) = 0;
+    // dst = src, both in backend memory and of one shape, queued like the ops.
+    virtual void copy(const tensor& dst, const tensor& src) = 0;
     // out[r] = vals[row_slot[r]] and vals[row_slot[r]] = in[r] (int32 [rows, 1]; vals [slots, 1]).
     virtual void gather_slots(const tensor& out, const tensor& vals, const tensor& row_slot) = 0;
     virtual void scatter_slots(const tensor& vals, const tensor& in, const tensor& row_slot) = 0;

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "loader/hf_cache.h"
 #include "model/config.h"
+#include "runtime/engine.h"
 
 namespace tansy {
 
@@ -137,8 +138,20 @@ std::vector<int32_t> read_ids_file(const std::string& path) {
     return ids;
 }
 
+static std::string env(const char* name) {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+}
+
+std::string hf_hub_cache_dir() { return tansy::hf_hub_cache_dir(env("HF_HUB_CACHE"), env("HF_HOME"), env("HOME")); }
+
+std::string default_model_dir() {
+    const std::string m = env("TANSY_MODEL");
+    return m.empty() ? bundled_model_dir() : resolve_model_path(m, hf_hub_cache_dir());
+}
+
 std::string model_path_arg(const arg_parser& p, const std::string& name, const std::string& dflt) {
-    return p.has(name) ? resolve_model_path(p.str(name)) : dflt;
+    return p.has(name) ? resolve_model_path(p.str(name), hf_hub_cache_dir()) : dflt;
 }
 
 }  // namespace tansy

@@ -37,6 +37,12 @@ class arg_parser {
     std::map<std::string, std::vector<std::string>> values_;
 };
 
+// The environment the command line reads (the only reads below main but the server's and the kernel plan's
+// documented ones): the model to use without --model ($TANSY_MODEL, a path or ORG/NAME[@REV], else the bundled
+// tiny model), and the Hugging Face hub cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).
+std::string default_model_dir();
+std::string hf_hub_cache_dir();
+
 // A checkpoint option (--model, --compare-model) as a path: a directory as given, or ORG/NAME[@REV] found in the
 // local Hugging Face cache (loader/hf_cache.h); `dflt` when the option is absent.
 std::string model_path_arg(const arg_parser& p, const std::string& name = "--model", const std::string& dflt = "");

@@ -57,7 +57,7 @@ kernel_options kernel_options_from(const arg_parser& p) {
 
 engine_options engine_options_from(const arg_parser& p) {
     engine_options o;
-    o.model_dir = model_path_arg(p);
+    o.model_dir = model_path_arg(p, "--model", default_model_dir());
     o.backend = p.str("--backend", "cpu");
     o.threads = (int)p.integer("--threads", 0);
     if (o.threads < 0) fail("--threads must be >= 0");

@@ -71,7 +71,8 @@ void add_batch_options(arg_parser& p, const std::string& max_batch_default, cons
         .option("--prefix-cache-memory", "MIB", "prompt prefixes kept for reuse (KV + DeltaNet state snapshots), within\n"
                                                 "                            --state-memory (default: 512 on cpu, a quarter of --state-memory on\n"
                                                 "                            cuda; 0: off)")
-        .option("--prefix-cache-interval", "N", "a DeltaNet state checkpoint every N prompt tokens (default 2048)")
+        .option("--prefix-cache-interval", "N", "a DeltaNet state checkpoint at the first prefill piece end N\n"
+                                                  "                            prompt tokens after the last one (default 2048)")
         .option("--no-prefix-cache", "", "no prefix cache (as --prefix-cache-memory 0); a request may also send\n"
                                          "                            \"cache_prompt\": false");
 }
@@ -140,6 +141,7 @@ int cmd_serve(int argc, char** argv) {
     o.api_key = p.str("--api-key");
     if (o.api_key.empty())
         if (const char* k = std::getenv("TANSY_API_KEY")) o.api_key = k;
+    if (const char* d = std::getenv("TANSY_TEST_LOAD_DELAY_MS")) o.load_delay_ms = std::atoi(d);
     o.model_name = p.str("--model-name");
     // a checkpoint from the Hugging Face cache is served as ORG/NAME, not as its snapshot's hash
     if (o.model_name.empty() && p.has("--model") && o.engine.model_dir != p.str("--model"))

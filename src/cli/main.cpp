@@ -47,7 +47,8 @@ void usage(FILE* f) {
             "usage: tansy COMMAND [options]   (tansy COMMAND --help for its options)\n\ncommands:\n");
     for (const command& c : k_commands) fprintf(f, "  %-10s %s\n", c.name, c.help);
     fprintf(f, "  %-10s %s\n", "version", "version, git commit and available backends (also --version)");
-    fprintf(f, "\nWithout --model, commands use the bundled tiny model (%s).\n", default_model_dir().c_str());
+    fprintf(f, "\nWithout --model, commands use $TANSY_MODEL when set, else the bundled tiny model (%s).\n",
+            bundled_model_dir().c_str());
 }
 
 // tansy --version / tansy version: what was built and what it can run on.

@@ -1,7 +1,6 @@
 #include "loader/hf_cache.h"
 
 #include <cctype>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -13,11 +12,6 @@ namespace tansy {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    return v ? v : "";
-}
 
 // Hub repo names: letters, digits, '-', '_', '.' (no "..", not starting with '.' or '-').
 bool repo_part_ok(const std::string& s) {
@@ -45,10 +39,10 @@ std::string read_ref(const fs::path& p) {
 
 }  // namespace
 
-std::string hf_hub_cache_dir() {
-    if (std::string v = env("HF_HUB_CACHE"); !v.empty()) return v;
-    if (std::string v = env("HF_HOME"); !v.empty()) return (fs::path(v) / "hub").string();
-    if (std::string v = env("HOME"); !v.empty()) return (fs::path(v) / ".cache" / "huggingface" / "hub").string();
+std::string hf_hub_cache_dir(const std::string& hf_hub_cache, const std::string& hf_home, const std::string& home) {
+    if (!hf_hub_cache.empty()) return hf_hub_cache;
+    if (!hf_home.empty()) return (fs::path(hf_home) / "hub").string();
+    if (!home.empty()) return (fs::path(home) / ".cache" / "huggingface" / "hub").string();
     return "";
 }
 
@@ -63,7 +57,7 @@ bool is_hf_repo_id(const std::string& arg) {
 
 std::string hf_repo_name(const std::string& arg) { return is_hf_repo_id(arg) ? arg.substr(0, arg.find('@')) : ""; }
 
-std::string resolve_model_path(const std::string& arg) {
+std::string resolve_model_path(const std::string& arg, const std::string& cache) {
     std::error_code ec;
     if (arg.empty() || fs::exists(arg, ec) || !is_hf_repo_id(arg)) return arg;
     const size_t at = arg.find('@');
@@ -71,7 +65,6 @@ std::string resolve_model_path(const std::string& arg) {
     const std::string rev = at == std::string::npos ? "main" : arg.substr(at + 1);
     const std::string org = id.substr(0, id.find('/')), name = id.substr(id.find('/') + 1);
     const std::string fetch = "hf download " + id + (rev == "main" ? "" : " --revision " + rev);
-    const std::string cache = hf_hub_cache_dir();
     if (cache.empty())
         fail("--model '%s' is not a directory, and no Hugging Face cache to look in (set HF_HUB_CACHE, HF_HOME or "
              "HOME); fetch it with: %s", arg.c_str(), fetch.c_str());

@@ -33,8 +33,13 @@ decode_step::decode_step(engine& eng, int max_slots, bool graphs)
     host_pen_.assign((size_t)(max_slots + 1) * k_adjust_cols, 0.0f);
     for (int s = 0; s <= max_slots; s++) host_pen_[(size_t)s * k_adjust_cols + 2] = 1.0f;  // repetition 1: none
     host_params_.assign((size_t)(max_slots + 1) * k_row_sampling_cols, 0.0f);
-    pinned_ = be_.alloc_host((size_t)k_ring * (size_t)max_slots * sizeof(int32_t));
+    lp_top_ = be_.alloc(max_slots + 1, 1, dtype::i32);
+    lp_host_.assign((size_t)max_slots + 1, -1);
+    be_.upload(lp_top_.t(), lp_host_.data());
+    lp_rec_ = be_.alloc(max_slots, k_logprob_words, dtype::i32);
+    pinned_ = be_.alloc_host((size_t)k_ring * (size_t)max_slots * (1 + k_logprob_words) * sizeof(int32_t));
     fences_.assign(k_ring, 0);
+    ring_logprobs_.assign(k_ring, 0);
     // the forward pass's buffers for a full batch now, so that growing them later does not invalidate graphs
     eng_.fwd().reserve(max_slots, max_slots);
 }
@@ -47,8 +52,15 @@ decode_step::~decode_step() {
     for (const auto& [key, mark] : captured_) be_.drop_graph(key);
 }
 
-void decode_step::bind(int slot, const sampling_params& p, const logit_adjust* adjust) {
+void decode_step::bind(int slot, const sampling_params& p, const logit_adjust* adjust, int logprobs) {
     TANSY_CHECK(slot >= 0 && slot < max_slots_, "decode_step: slot %d of %d", slot, max_slots_);
+    TANSY_CHECK(logprobs >= -1 && logprobs <= k_max_top_logprobs, "decode_step: %d top log-probs (at most %d)", logprobs,
+                k_max_top_logprobs);
+    TANSY_CHECK(logprobs < 0 || n_valid_ <= k_device_max_logprob_ids, "decode_step: log-probs over %lld ids",
+                (long long)n_valid_);
+    lp_host_[(size_t)slot] = logprobs;
+    be_.upload(lp_top_.t().rows_view(slot, 1), &lp_host_[(size_t)slot]);
+    if (logprobs >= 0 && adjust) ensure_raw();
     float* a = host_params_.data() + (size_t)slot * k_row_sampling_cols;
     pack_row_sampling(a, p, n_valid_);
     be_.upload(params_.t().rows_view(slot, 1), a);
@@ -86,8 +98,16 @@ void decode_step::upload_pen(int slot) {
     be_.upload(pen_.t().rows_view(slot, 1), host_pen_.data() + (size_t)slot * k_adjust_cols);
 }
 
+// The raw logits of a step that adjusts a slot with log-prob records are copied aside before the adjustments:
+// room for a full step, allocated once (so that no captured graph holds a stale pointer), when such a slot first
+// appears.
+void decode_step::ensure_raw() {
+    if (!raw_) raw_ = be_.alloc(max_slots_, eng_.cfg().vocab, dtype::f32);
+}
+
 void decode_step::set_mask(int slot, const uint32_t* words) {
     TANSY_CHECK(slot >= 0 && slot < max_slots_, "decode_step: slot %d of %d", slot, max_slots_);
+    if (lp_host_[(size_t)slot] >= 0) ensure_raw();
     be_.upload(mask_.t().rows_view(slot, 1), words);
     if (!masking_[(size_t)slot]) {
         masking_[(size_t)slot] = true;
@@ -104,16 +124,17 @@ void decode_step::clear_mask(int slot) {
     upload_pen(slot);
 }
 
-bool decode_step::any_adjust(const std::vector<int32_t>& slots) const {
-    for (int32_t s : slots)
-        if (adjusting_[(size_t)s] || masking_[(size_t)s]) return true;
-    return false;
-}
-
-bool decode_step::any_count(const std::vector<int32_t>& slots) const {
-    for (int32_t s : slots)
-        if (adjusting_[(size_t)s]) return true;
-    return false;
+decode_step::pick_flags decode_step::flags_of(const std::vector<int32_t>& slots) const {
+    pick_flags f;
+    for (int32_t s : slots) {
+        const bool adjusted = adjusting_[(size_t)s] || masking_[(size_t)s], records = lp_host_[(size_t)s] >= 0;
+        f.sampling = f.sampling || host_params_[(size_t)s * k_row_sampling_cols] > 0;
+        f.adjust = f.adjust || adjusted;
+        f.count = f.count || adjusting_[(size_t)s];
+        f.logprobs = f.logprobs || records;
+        f.raw = f.raw || (records && adjusted);
+    }
+    return f;
 }
 
 void decode_step::set_token(int slot, int32_t id) {
@@ -127,8 +148,9 @@ int32_t decode_step::pick_prompt(int slot, const tensor& logits) {
     const int32_t s = slot;
     be_.upload(one_slot_.t(), &s);
     const tensor nx = next_.t().rows_view(0, 1);
-    pick(nx, logits, one_slot_.t(), host_params_[(size_t)slot * k_row_sampling_cols] > 0,
-         adjusting_[(size_t)slot] || masking_[(size_t)slot], adjusting_[(size_t)slot]);
+    pick_flags f = flags_of({s});
+    f.logprobs = f.raw = false;  // engine::generate reports no log-probs
+    pick(nx, logits, one_slot_.t(), f);
     int32_t id = 0;
     be_.download(&id, nx);
     return id;
@@ -136,35 +158,46 @@ int32_t decode_step::pick_prompt(int slot, const tensor& logits) {
 
 // next = each logits row's argmax, or its slot's device draw, after the slots' penalties and bias where any
 // row has them (in place: logits() then shows adjusted rows for those slots); then into the slots' next input
-// tokens, and counted for the penalties.
-void decode_step::pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling, bool adjust,
-                       bool count) {
-    if (adjust) be_.adjust_logits(logits, n_valid_, slots, pen_.t(), counts_.t(), bias_.t(), mask_.t());
+// tokens, and counted for the penalties. Rows of slots with log-probs get their records, from the raw logits.
+void decode_step::pick(const tensor& next, const tensor& logits, const tensor& slots, const pick_flags& f) {
+    const tensor raw = f.raw ? raw_.t().rows_view(0, logits.rows) : logits;
+    if (f.raw) be_.copy(raw, logits);  // the adjustments work in place
+    if (f.adjust) be_.adjust_logits(logits, n_valid_, slots, pen_.t(), counts_.t(), bias_.t(), mask_.t());
     be_.argmax(next, logits, n_valid_);
-    if (sampling) be_.sample_rows(next, logits, n_valid_, params_.t(), rng_.t(), slots);
+    if (f.sampling) be_.sample_rows(next, logits, n_valid_, params_.t(), rng_.t(), slots);
     be_.scatter_slots(tok_.t(), next, slots);
-    if (count) be_.count_picks(counts_.t(), next, slots, pen_.t());
+    if (f.count) be_.count_picks(counts_.t(), next, slots, pen_.t());
+    if (f.logprobs)
+        be_.logprob_rows(lp_rec_.t().rows_view(0, logits.rows), raw, n_valid_, next, slots, lp_top_.t());
 }
 
-// The picks of step `++launched_` (its first `n` rows of next_) into its ring entry of pinned memory.
-uint64_t decode_step::copy_out(int64_t n) {
+// Ring entry t % k_ring of pinned memory: the picks, then the log-prob records.
+int32_t* decode_step::ring_entry(uint64_t t) const {
+    return (int32_t*)pinned_.get() + (size_t)(t % k_ring) * (size_t)max_slots_ * (1 + k_logprob_words);
+}
+
+// The picks of step `++launched_` (its first `n` rows of next_), and its records where it made them, into its
+// ring entry.
+uint64_t decode_step::copy_out(int64_t n, bool logprobs) {
     const uint64_t t = ++launched_;
-    int32_t* out = (int32_t*)pinned_.get() + (size_t)(t % k_ring) * (size_t)max_slots_;
+    int32_t* out = ring_entry(t);
     be_.download_async(out, next_.t().rows_view(0, n));
+    if (logprobs) be_.download_async(out + max_slots_, lp_rec_.t().rows_view(0, n));
+    ring_logprobs_[t % k_ring] = logprobs;
     fences_[t % k_ring] = be_.fence();
     return t;
 }
 
-void decode_step::run_ops(int64_t B, bool sampling, bool adjust, bool count, const std::vector<seq_span>& spans) {
+void decode_step::run_ops(int64_t B, const pick_flags& f, const std::vector<seq_span>& spans) {
     const tensor ids = ids_.t().rows_view(0, B), rs = row_slot_.t().rows_view(0, B);
     be_.gather_slots(ids, tok_.t(), rs);
     logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
-    pick(next_.t().rows_view(0, B), logits_, rs, sampling, adjust, count);
+    pick(next_.t().rows_view(0, B), logits_, rs, f);
 }
 
 // A step with prompt chunks: decode rows first (one token each), then each chunk's span; one logits row per
 // span. Eager, in buffers of its own, so that no captured graph refers to memory it grows.
-void decode_step::run_mixed(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks) {
+decode_step::pick_flags decode_step::run_mixed(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks) {
     const int64_t B = (int64_t)rows.size(), C = (int64_t)chunks.size();
     int64_t T = B;
     for (const prompt_chunk& c : chunks) {
@@ -178,7 +211,6 @@ void decode_step::run_mixed(const std::vector<row>& rows, const std::vector<prom
     if (!mixed_slot_) mixed_slot_ = be_.alloc(max_slots_, 1, dtype::i32);
     std::vector<int32_t> slots;
     std::vector<seq_span> spans;
-    bool sampling = false;
     for (int64_t r = 0; r < B; r++) {
         slots.push_back(rows[(size_t)r].slot);
         spans.push_back(seq_span{rows[(size_t)r].state, r, 1, rows[(size_t)r].state->n_past()});
@@ -190,13 +222,14 @@ void decode_step::run_mixed(const std::vector<row>& rows, const std::vector<prom
         spans.push_back(seq_span{c.state, at, c.n, c.state->n_past()});
         at += c.n;
     }
-    for (int32_t s : slots) sampling = sampling || host_params_[(size_t)s * k_row_sampling_cols] > 0;
+    const pick_flags f = flags_of(slots);
     const tensor ms = mixed_slot_.t().rows_view(0, B + C);
     be_.upload(ms, slots.data());
     const tensor ids = mixed_ids_.t().rows_view(0, T);
     if (B > 0) be_.gather_slots(ids.rows_view(0, B), tok_.t(), ms.rows_view(0, B));
     logits_ = eng_.fwd().run(ids, spans, logits_rows::last);
-    pick(next_.t().rows_view(0, B + C), logits_, ms, sampling, any_adjust(slots), any_count(slots));
+    pick(next_.t().rows_view(0, B + C), logits_, ms, f);
+    return f;
 }
 
 uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks) {
@@ -204,13 +237,12 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
     if (!chunks.empty()) {
         for (const row& w : rows)
             TANSY_CHECK(w.slot >= 0 && w.slot < max_slots_ && w.state, "decode_step: a row of slot %d", w.slot);
-        run_mixed(rows, chunks);
-        return copy_out(B + (int64_t)chunks.size());
+        const pick_flags f = run_mixed(rows, chunks);
+        return copy_out(B + (int64_t)chunks.size(), f.logprobs);
     }
     TANSY_CHECK(B >= 1 && B <= max_slots_, "decode_step: a step of %lld rows (%d slots)", (long long)B, max_slots_);
     std::vector<int32_t> slots((size_t)B);
     std::vector<seq_span> spans((size_t)B);
-    bool sampling = false;
     const int64_t capacity = rows[0].state->capacity();
     for (int64_t r = 0; r < B; r++) {
         const row& w = rows[(size_t)r];
@@ -220,20 +252,19 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
                  (long long)w.state->capacity());
         slots[(size_t)r] = w.slot;
         spans[(size_t)r] = seq_span{w.state, r, 1, w.state->n_past()};
-        sampling = sampling || host_params_[(size_t)w.slot * k_row_sampling_cols] > 0;
     }
     if (row_slot_rows_ != B || slots != row_slot_host_) {
         be_.upload(row_slot_.t().rows_view(0, B), slots.data());
         row_slot_host_ = slots;
         row_slot_rows_ = B;
     }
-    // One graph per (rows, any row draws, any row has penalties, bias or a mask, any has penalties or bias),
-    // keyed apart from other decode_steps on the backend; it holds the states' capacity (baked into the kernels)
-    // and the memory epochs it was recorded at, and is recorded again when either differs. Span lengths are all
-    // 1 here: prepare_step's contract. (counts_ exists before any step that counts: bind allocates it.)
-    const bool adjust = any_adjust(slots), count = any_count(slots);
-    const uint64_t key = (uid_ << 24) ^ ((uint64_t)B << 3) ^ ((uint64_t)count << 2) ^ ((uint64_t)adjust << 1) ^
-                         (uint64_t)sampling;
+    // One graph per (rows, pick_flags), keyed apart from other decode_steps on the backend; it holds the states'
+    // capacity (baked into the kernels) and the memory epochs it was recorded at, and is recorded again when
+    // either differs. Span lengths are all 1 here: prepare_step's contract. (counts_ and raw_ exist before any
+    // step that uses them: bind and set_mask allocate them.)
+    const pick_flags f = flags_of(slots);
+    const uint64_t key = (uid_ << 26) ^ ((uint64_t)B << 5) ^ ((uint64_t)f.raw << 4) ^ ((uint64_t)f.logprobs << 3) ^
+                         ((uint64_t)f.count << 2) ^ ((uint64_t)f.adjust << 1) ^ (uint64_t)f.sampling;
     const shape_mark now{capacity, be_.memory_epoch(), eng_.fwd().memory_epoch()};
     bool same_capacity = true;
     for (const row& w : rows) same_capacity = same_capacity && w.state->capacity() == capacity;
@@ -250,7 +281,7 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         be_.prepare_step(spans);
         be_.capture_begin();
         try {
-            run_ops(B, sampling, adjust, count, spans);
+            run_ops(B, f, spans);
         } catch (...) {
             be_.capture_abort();
             for (const row& r : rows) r.state->set_n_past(spans[(size_t)(&r - rows.data())].pos0);
@@ -263,10 +294,10 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         for (const row& r : rows) r.state->set_n_past(r.state->n_past() + 1);
         captured_[key] = now;
     } else {
-        run_ops(B, sampling, adjust, count, spans);
+        run_ops(B, f, spans);
         warm_[key] = {capacity, be_.memory_epoch(), eng_.fwd().memory_epoch()};
     }
-    return copy_out(B);
+    return copy_out(B, f.logprobs);
 }
 
 const int32_t* decode_step::wait(uint64_t ticket) {
@@ -274,7 +305,14 @@ const int32_t* decode_step::wait(uint64_t ticket) {
                 "decode_step::wait: step %llu is not in flight (%llu launched)", (unsigned long long)ticket,
                 (unsigned long long)launched_);
     be_.wait_fence(fences_[ticket % k_ring]);
-    return (const int32_t*)pinned_.get() + (size_t)(ticket % k_ring) * (size_t)max_slots_;
+    return ring_entry(ticket);
+}
+
+const int32_t* decode_step::logprob_records(uint64_t ticket) const {
+    TANSY_CHECK(ticket >= 1 && ticket <= launched_ && launched_ - ticket < (uint64_t)k_ring,
+                "decode_step::logprob_records: step %llu is not in flight (%llu launched)", (unsigned long long)ticket,
+                (unsigned long long)launched_);
+    return ring_logprobs_[ticket % k_ring] ? ring_entry(ticket) + max_slots_ : nullptr;
 }
 
 }  // namespace tansy

@@ -6,13 +6,15 @@
 //     ids[r] = tok[slot r]  ->  forward pass, one token per row  ->  next[r] = argmax, or a seeded draw where the
 //     slot samples on the device  ->  tok[slot r] = next[r]  ->  next copied to pinned host memory
 // and needs nothing from the host, so steps can be queued back to back: a caller may launch step t+1 before it
-// reads step t's tokens. On a backend with graphs a step of B rows is one graph replay: one graph per (B, greedy
-// or sampling, capacity), captured at the second step of that shape and again whenever memory moves.
+// reads step t's tokens. On a backend with graphs a step of B rows is one graph replay: one graph per (B, what the
+// picks do: pick_flags, capacity), captured at the second step of that shape and again whenever memory moves.
 //
 // Penalties, logit_bias and a grammar's mask (set by the caller before each step) are applied on the device, per
-// slot, before the pick. Rows whose request needs the whole distribution (log-probs, or sampling settings the
-// device does not draw: row_samples_on_device) are picked by the caller on the host from logits(), and the
-// choice goes back to the slot with set_token before the next step.
+// slot, before the pick. A slot that asks for log-probs gets, per row, a record of its raw logits (before those
+// adjustments: backend::logprob_rows) copied out with the picks: its log-sum-exp, the pick's logit and the top
+// ones. Rows whose request needs the whole distribution (sampling settings the device does not draw:
+// row_samples_on_device) are picked by the caller on the host from logits(), and the choice goes back to the
+// slot with set_token before the next step.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -48,8 +50,9 @@ class decode_step {
         return (p.any() || !bias.empty()) && (int64_t)bias.size() <= k_device_max_bias;
     }
     // A sequence takes `slot`: its sampling parameters, and its RNG from the start of its seed's stream; with
-    // `adjust`, the penalties and bias its rows get on the device (none without).
-    void bind(int slot, const sampling_params& p, const logit_adjust* adjust = nullptr);
+    // `adjust`, the penalties and bias its rows get on the device (none without); `logprobs`, the log-prob records
+    // its rows get (-1 none, 0 the pick's, 1..k_max_top_logprobs the top ones too).
+    void bind(int slot, const sampling_params& p, const logit_adjust* adjust = nullptr, int logprobs = -1);
     // A grammar's mask for the slot's next pick (bit id % 32 of word id / 32 set where id may come:
     // mask_words(n_valid) words), applied after its penalties and bias; it holds until cleared or rebound.
     void set_mask(int slot, const uint32_t* words);
@@ -80,6 +83,10 @@ class decode_step {
     // Blocks until step `ticket` (one of the last k_ring launched) has finished; its picks, rows first and then
     // one per chunk (meaningful for last chunks), valid until k_ring more steps are launched.
     const int32_t* wait(uint64_t ticket);
+    // After wait(ticket): the log-prob records of that step (sampling/logprobs.h: k_logprob_words each), one per
+    // pick in wait()'s order, meaningful for the rows of slots bound with logprobs >= 0; nullptr when no row of the
+    // step asked for them. Valid as long as the picks.
+    const int32_t* logprob_records(uint64_t ticket) const;
     // The logits of the last launched step, [B + chunks, V] in backend memory: valid once it has been waited
     // for, until the next launch.
     const tensor& logits() const { return logits_; }
@@ -87,14 +94,22 @@ class decode_step {
     static constexpr int k_ring = 4;  // steps whose tokens can be in flight at once
 
   private:
-    void run_ops(int64_t B, bool sampling, bool adjust, bool count, const std::vector<seq_span>& spans);
-    void run_mixed(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks);
-    // adjust: some slot has penalties, bias or a mask; count: some slot has penalties or bias (picks counted)
-    void pick(const tensor& next, const tensor& logits, const tensor& slots, bool sampling, bool adjust, bool count);
-    bool any_adjust(const std::vector<int32_t>& slots) const;
-    bool any_count(const std::vector<int32_t>& slots) const;
+    // What a step's picks do beyond an argmax, from its rows' slots (each flag: some slot of the step has it).
+    struct pick_flags {
+        bool sampling = false;  // draws on the device
+        bool adjust = false;    // penalties, bias or a mask
+        bool count = false;     // penalties or bias: picks are counted
+        bool logprobs = false;  // log-prob records
+        bool raw = false;       // log-prob records and adjustments in one slot: the raw logits are kept aside first
+    };
+    pick_flags flags_of(const std::vector<int32_t>& slots) const;
+    void run_ops(int64_t B, const pick_flags& f, const std::vector<seq_span>& spans);
+    pick_flags run_mixed(const std::vector<row>& rows, const std::vector<prompt_chunk>& chunks);
+    void pick(const tensor& next, const tensor& logits, const tensor& slots, const pick_flags& f);
     void upload_pen(int slot);
-    uint64_t copy_out(int64_t n);
+    void ensure_raw();
+    int32_t* ring_entry(uint64_t t) const;
+    uint64_t copy_out(int64_t n, bool logprobs);
 
     engine& eng_;
     backend& be_;
@@ -110,14 +125,21 @@ class decode_step {
     // n_valid] int32, ~1 MB per slot) from the first slot with penalties or bias; adjusting_ and masking_ mirror
     // pen_'s active and masked columns
     buffer pen_, bias_, counts_, mask_;
+    // log-prob records: lp_top_ int32 [slots + 1, 1] each slot's setting (-1 none), lp_rec_ int32 [max_slots,
+    // k_logprob_words] a step's records, raw_ f32 [max_slots, V] the raw logits of a step that adjusts a slot with
+    // records (from the first such slot: ~1 MB per slot)
+    buffer lp_top_, lp_rec_, raw_;
+    std::vector<int32_t> lp_host_;  // mirrors lp_top_
     std::vector<float> host_pen_;  // [max_slots + 1, k_adjust_cols], mirrors pen_
     std::vector<bool> adjusting_, masking_;
     std::vector<float> host_params_;        // [max_slots, 4], mirrors params_
     std::vector<int32_t> row_slot_host_;    // what row_slot_ holds
     int64_t row_slot_rows_ = -1;
-    std::shared_ptr<void> pinned_;          // int32 [k_ring, max_slots]
+    // per ring entry: int32 [max_slots] picks, then int32 [max_slots, k_logprob_words] log-prob records
+    std::shared_ptr<void> pinned_;
     uint64_t launched_ = 0;
     std::vector<uint64_t> fences_;          // per ring entry: the fence of the step that fills it
+    std::vector<char> ring_logprobs_;       // per ring entry: whether its step copied out records
     tensor logits_;
     // per graph key: the states' capacity and the memory epochs (backend, forward pass) it was captured at /
     // last run eagerly at

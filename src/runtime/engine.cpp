@@ -16,10 +16,7 @@
 
 namespace tansy {
 
-std::string default_model_dir() {
-    if (const char* env = std::getenv("TANSY_MODEL"); env && *env) return env;
-    return TANSY_DEFAULT_MODEL_DIR;
-}
+std::string bundled_model_dir() { return TANSY_DEFAULT_MODEL_DIR; }
 
 // Option errors are reported before anything is loaded.
 static void check_options(const engine_options& opt) {
@@ -31,7 +28,7 @@ static void check_options(const engine_options& opt) {
 engine::engine(const engine_options& opt) {
     check_options(opt);
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
-    model_ = std::make_unique<model>(load_model(opt.model_dir.empty() ? default_model_dir() : opt.model_dir));
+    model_ = std::make_unique<model>(load_model(opt.model_dir.empty() ? bundled_model_dir() : opt.model_dir));
     init(opt);
 }
 
@@ -143,10 +140,15 @@ generation_stats engine::generate_cached(prefix_cache& cache, seq_state& st, con
     }
     const int64_t cached = done;
     prefix_cache::checkpoints cps;
-    for (int64_t m : cache.plan(req.prompt, done)) {
-        fwd_->run_host({req.prompt.begin() + done, req.prompt.begin() + m}, st, logits_rows::none);
-        done = m;
-        cps.push_back(cache.checkpoint(st));
+    // the scheduler's pieces for a lone prompt (scheduler::next_chunks): prefill chunks that end at the cache's
+    // marks, a checkpoint where one is due; the last piece goes to generate(), whose logits pick the first token
+    const std::vector<int64_t> marks = cache.plan(req.prompt, done);
+    for (int64_t last = done;;) {
+        const int64_t end = prefix_cache::piece_end(marks, done, fwd_->prefill_chunk, P);
+        if (end == P) break;
+        fwd_->run_host({req.prompt.begin() + done, req.prompt.begin() + end}, st, logits_rows::none);
+        done = end;
+        if (cache.checkpoint_due(marks, last, done, P)) cps.push_back(cache.checkpoint(st)), last = done;
     }
     const double pieces_s = std::chrono::duration<double>(clock::now() - t0).count();
     generation_request rest = req;

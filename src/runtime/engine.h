@@ -35,8 +35,9 @@ struct engine_options {
     gdn_mode gdn = gdn_mode::auto_select;
 };
 
-// The bundled tiny chat model (models/tiny-chat-q4), or $TANSY_MODEL when set.
-std::string default_model_dir();
+// The bundled tiny chat model (models/tiny-chat-q4): what an empty model_dir loads. (The command line also
+// honours $TANSY_MODEL: cli/args.h default_model_dir.)
+std::string bundled_model_dir();
 
 struct generation_request {
     std::vector<int32_t> prompt;

@@ -109,9 +109,6 @@ std::vector<int64_t> prefix_cache::plan(const std::vector<int32_t>& prompt, int6
     auto want = [&](int64_t p) {
         if (p > from && p < T && p >= opt_.min_tokens) at.push_back(p);
     };
-    if (opt_.snapshot_interval > 0)
-        for (int64_t p = (from / opt_.snapshot_interval + 1) * opt_.snapshot_interval; p < T; p += opt_.snapshot_interval)
-            want(p);
     {
         // where the prompt leaves the longest cached path: the next request on that path restores from here
         std::lock_guard<std::mutex> lk(mu_);
@@ -137,6 +134,19 @@ std::vector<int64_t> prefix_cache::plan(const std::vector<int32_t>& prompt, int6
     std::sort(at.begin(), at.end());
     at.erase(std::unique(at.begin(), at.end()), at.end());
     return at;
+}
+
+int64_t prefix_cache::piece_end(const std::vector<int64_t>& marks, int64_t at, int64_t max_n, int64_t prompt_size) {
+    int64_t end = std::min(prompt_size, at + std::max<int64_t>(max_n, 1));
+    if (auto m = std::upper_bound(marks.begin(), marks.end(), at); m != marks.end()) end = std::min(end, *m);
+    return end;
+}
+
+bool prefix_cache::checkpoint_due(const std::vector<int64_t>& marks, int64_t last, int64_t p,
+                                  int64_t prompt_size) const {
+    if (!enabled() || p >= prompt_size) return false;
+    if (std::binary_search(marks.begin(), marks.end(), p)) return true;
+    return opt_.snapshot_interval > 0 && p - last >= opt_.snapshot_interval && p >= opt_.min_tokens;
 }
 
 std::unique_ptr<seq_state> prefix_cache::checkpoint(const seq_state& st) { return be_.snapshot(st, 0); }

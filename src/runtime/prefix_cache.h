@@ -14,9 +14,13 @@
 // token is left to run: its logits give the first token) and the largest checkpoint (or entry end) at or
 // below l.
 //
-// Where checkpoints come from (plan()): the scheduler ends prefill pieces exactly there and snapshots:
-//   - every snapshot_interval tokens (absolute positions), so a divergence inside a long cached prompt loses at
-//     most one interval;
+// Where checkpoints come from:
+//   - at the end of a prefill piece once snapshot_interval tokens have run since the last checkpoint (or the
+//     restored prefix) - checkpoint_due() - so a divergence inside a long cached prompt loses at most one
+//     interval plus one piece. Pieces are not cut for these: a prompt whose rest fits one piece (a cached
+//     chat's next turn, an agent's next call) runs in one forward pass; a long one gets a checkpoint about
+//     every interval at no extra cost (cold, alone, pieces are prefill chunks from 0: every 2048 tokens).
+// and at positions where the scheduler ends prefill pieces exactly (plan(): marks):
 //   - the point where the prompt leaves the longest cached path (its divergence point): the next request that
 //     shares the same prefix (a system prompt) finds a checkpoint exactly there;
 //   - before the first turn_token after position 0 (<|im_start|>: the end of the system message, with its tool
@@ -34,7 +38,8 @@
 // A checkpoint every B tokens costs 63 MB / B per token on top of the 20 KB of KV and saves on average B/2
 // tokens of recompute on a hit inside the block: B = 1024: 62 KB/token (3x the KV), 20 ms; B = 2048: 31 KB/token
 // (1.5x), 41 ms; B = 4096: 15 KB/token, 82 ms. Turn and divergence checkpoints catch the common hits exactly,
-// so interval checkpoints only bound the rare miss: 2048 is the default (--prefix-cache-interval).
+// so interval checkpoints only bound the rare miss: 2048 is the default (--prefix-cache-interval), the prefill
+// chunk, so a cold prompt's pieces each end with one.
 //
 // Memory: entries are copies (a sequence's KV is copied into the store at its end, and back into a new state
 // on a hit), not pages shared by reference: a restore costs one device copy of p rows (20 KB/token: 16K tokens =
@@ -58,7 +63,8 @@ namespace tansy {
 
 struct prefix_cache_options {
     size_t budget = 0;                // bytes of snapshots at most (0: the cache is off)
-    int64_t snapshot_interval = 2048; // a checkpoint every this many prompt tokens (0: none)
+    // a checkpoint at the first prefill piece end this many prompt tokens after the last one (0: none)
+    int64_t snapshot_interval = 2048;
     // checkpoints before the first (after position 0) and the last occurrence of this id in a prompt (-1: none)
     int32_t turn_token = -1;
     // Neither checkpoints nor entries below this many tokens: at full size a snapshot is ~63 MB, worth keeping
@@ -113,6 +119,11 @@ class prefix_cache {
 
     // Positions p in (from, prompt.size()) at which to stop the prefill and take a checkpoint(), ascending.
     std::vector<int64_t> plan(const std::vector<int32_t>& prompt, int64_t from) const;
+    // The end of the prefill piece that starts at `at`: at most max_n tokens, and no further than the next mark.
+    static int64_t piece_end(const std::vector<int64_t>& marks, int64_t at, int64_t max_n, int64_t prompt_size);
+    // Whether a piece that ended at p < prompt_size takes a checkpoint: p is a mark, or the interval has run
+    // since `last` (the last checkpoint, or where the prefill started).
+    bool checkpoint_due(const std::vector<int64_t>& marks, int64_t last, int64_t p, int64_t prompt_size) const;
     // A checkpoint of st where it stands (the recurrent part only), to hand to insert().
     std::unique_ptr<seq_state> checkpoint(const seq_state& st);
 

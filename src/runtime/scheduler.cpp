@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "model/config.h"
+#include "sampling/logprobs.h"
 #include "sampling/sampler_math.h"
 
 namespace tansy {
@@ -40,7 +41,7 @@ struct scheduler::sequence {
     size_t need = 0;        // state bytes it was admitted on (a state that grows on demand shows less until filled)
     int64_t generated = 0;
     int64_t in_flight = 0;  // decode steps launched for it whose token is not emitted yet
-    bool host_always = false;  // every token is chosen on the host (log-probs, sampling the device does not draw, ...)
+    bool host_always = false;  // every token is chosen on the host (sampling the device does not draw, ...)
     bool device_mask = false;  // a constraint whose mask goes to the device before each pick (update_mask)
     std::vector<uint32_t> allow_bits;  // a constraint's bits for a pick on the host (choose runs rows in parallel)
     bool done = false;
@@ -50,11 +51,12 @@ struct scheduler::sequence {
     double prefill_s = 0;
     finish_reason reason = finish_reason::stop;
     // prefix cache: the looked-up prefix (until restored), the prompt tokens it restored, the positions where
-    // prefill pieces end to take a checkpoint, the checkpoints taken, and the tokens emitted (the state's input
-    // after the prompt, for storing prompt + completion)
+    // prefill pieces end to take a checkpoint, where the last checkpoint was taken, the checkpoints taken, and
+    // the tokens emitted (the state's input after the prompt, for storing prompt + completion)
     prefix_cache::lease hit;
     int64_t cached = 0;
     std::vector<int64_t> marks;
+    int64_t last_cp = 0;
     prefix_cache::checkpoints cps;
     std::vector<int32_t> out;
 
@@ -95,7 +97,7 @@ scheduler::submit_status scheduler::submit(uint64_t id, sequence_request&& r) {
     TANSY_CHECK(r.sink, "submit without a sink");
     if (r.prompt.empty()) fail("the prompt is empty");
     if (r.max_tokens < 1) fail("max_tokens must be >= 1");
-    if (r.logprobs > 20) fail("top_logprobs must be <= 20");
+    if (r.logprobs > k_max_top_logprobs) fail("top_logprobs must be <= %d", k_max_top_logprobs);
     const int64_t need = (int64_t)r.prompt.size() + r.max_tokens;
     if (opt_.seq_capacity > 0 && need > opt_.seq_capacity)
         fail("prompt of %zu tokens + %lld new tokens exceeds the sequence capacity of %lld", r.prompt.size(),
@@ -214,20 +216,9 @@ token_event scheduler::choose(sequence& s, const float* row, int32_t device_argm
     if (row) {
         double lse = 0;  // log-sum-exp of the raw row: logprob(i) = row[i] - lse
         if (s.req.logprobs >= 0) {
-            double mx = -std::numeric_limits<double>::infinity();
-            for (int64_t i = 0; i < nv; i++) mx = std::max(mx, (double)row[i]);
-            double sum = 0;
-            for (int64_t i = 0; i < nv; i++) sum += std::exp((double)row[i] - mx);
-            lse = mx + std::log(sum);
-            if (s.req.logprobs > 0) {
-                std::vector<int32_t> idx((size_t)nv);
-                for (int64_t i = 0; i < nv; i++) idx[(size_t)i] = (int32_t)i;
-                const size_t k = std::min((size_t)s.req.logprobs, idx.size());
-                std::partial_sort(idx.begin(), idx.begin() + (ptrdiff_t)k, idx.end(), [&](int32_t a, int32_t b) {
-                    return row[a] > row[b] || (row[a] == row[b] && a < b);
-                });
-                for (size_t i = 0; i < k; i++) ev.top.emplace_back(idx[i], (float)((double)row[idx[i]] - lse));
-            }
+            lse = log_sum_exp(row, nv);
+            for (const auto& [i, x] : top_logits(row, nv, s.req.logprobs))
+                ev.top.emplace_back(i, (float)((double)x - lse));
         }
         const penalty_params& pp = s.req.penalties;
         const bool constrained = s.req.constraint && s.req.constraint->active();
@@ -292,11 +283,10 @@ std::vector<scheduler::chunk_plan> scheduler::next_chunks(bool others_decoding) 
         if (s.done || !s.st || s.started) continue;
         const int64_t left = (int64_t)s.req.prompt.size() - s.prefilled;
         if (left <= 0) continue;
-        int64_t n = std::min(left, budget);
-        if (n <= 0) break;
+        if (budget <= 0) break;
         // a piece ends at the next checkpoint position (the prefix cache snapshots the state there)
-        if (auto m = std::upper_bound(s.marks.begin(), s.marks.end(), s.prefilled); m != s.marks.end())
-            n = std::min(n, *m - s.prefilled);
+        const int64_t T = (int64_t)s.req.prompt.size();
+        const int64_t n = prefix_cache::piece_end(s.marks, s.prefilled, budget, T) - s.prefilled;
         out.push_back({&s, n, n == left});
         budget -= n;
     }
@@ -338,8 +328,8 @@ void scheduler::drain() {
             try {
                 if (p.chunks[c].last)
                     opt_.cache->insert(s.req.prompt.data(), s.st->n_past(), *s.st, std::move(s.cps));
-                else if (std::binary_search(s.marks.begin(), s.marks.end(), s.prefilled))
-                    s.cps.push_back(opt_.cache->checkpoint(*s.st));
+                else if (opt_.cache->checkpoint_due(s.marks, s.last_cp, s.prefilled, (int64_t)s.req.prompt.size()))
+                    s.cps.push_back(opt_.cache->checkpoint(*s.st)), s.last_cp = s.prefilled;
                 trim_cache();
             } catch (const std::exception& e) {  // a snapshot that does not fit costs a later hit, not this request
                 TANSY_WARN("scheduler: a prefix cache snapshot failed: %s", e.what());
@@ -367,10 +357,20 @@ void scheduler::drain() {
         n_host += host[(size_t)i];
         n_parallel += parallel_row[(size_t)i];
     }
+    // Device-picked rows with log-probs: from the step's records (their raw logits stay on the device).
+    const int32_t* records = step_->logprob_records(p.ticket);
+    for (int64_t i = 0; i < n; i++) {
+        const sequence& s = *picks[(size_t)i].s;
+        if (host[(size_t)i] || s.done || s.req.logprobs < 0) continue;
+        TANSY_CHECK(records, "scheduler: a step without the log-prob records of its rows");
+        read_logprob_record(records + picks[(size_t)i].row * k_logprob_words, s.req.logprobs, &ev[(size_t)i].logprob,
+                            &ev[(size_t)i].top);
+    }
     const tensor& logits = step_->logits();
     const int64_t V = logits.cols;
     if (n_host > 0) {
         TANSY_CHECK(p.sync, "scheduler: a host-chosen row in a queued-ahead step");
+        host_picks_total_ += (uint64_t)n_host;
         host_logits_.resize((size_t)(n * V));
         for (int64_t i = 0; i < n; i++)
             if (host[(size_t)i]) eng_.be().download(host_logits_.data() + i * V, logits.rows_view(picks[(size_t)i].row, 1));
@@ -555,7 +555,9 @@ void scheduler::loop() {
                 seq.slot = free_slots_.back();
                 free_slots_.pop_back();
                 const sampling_params& sp = seq.req.sampling;
-                seq.host_always = seq.req.logprobs >= 0 || (sp.temperature > 0 && !row_samples_on_device(sp, eng_.n_valid_tokens()));
+                const int64_t nv = eng_.n_valid_tokens();
+                seq.host_always = !seq.req.device_pick || (sp.temperature > 0 && !row_samples_on_device(sp, nv)) ||
+                                  (seq.req.logprobs >= 0 && nv > k_device_max_logprob_ids);
                 // penalties, logit_bias and a grammar's mask go with the pick: on the device, unless the host
                 // picks anyway or the bias list is longer than the device holds
                 const bool adjusts = seq.req.penalties.any() || !seq.req.logit_bias.empty();
@@ -567,7 +569,8 @@ void scheduler::loop() {
                 sampling_params on_device = sp;
                 if (seq.host_always) on_device.temperature = 0;  // the slot's pick is an argmax the host replaces
                 decode_step::logit_adjust adj{seq.req.penalties, seq.req.logit_bias, &seq.req.prompt};
-                step_->bind(seq.slot, on_device, device_adjust ? &adj : nullptr);
+                // log-prob records on the device for the rows it picks; the host computes them for the others
+                step_->bind(seq.slot, on_device, device_adjust ? &adj : nullptr, seq.host_always ? -1 : seq.req.logprobs);
                 eng_.check_ids(seq.req.prompt);  // once, at admission (a bad id ends the request with its error)
                 seq.st = eng_.new_sequence(capacity_for((int64_t)seq.req.prompt.size() + seq.req.max_tokens));
                 if (uses_cache(seq)) {
@@ -580,6 +583,7 @@ void scheduler::loop() {
                         opt_.cache->miss();
                     }
                     seq.marks = opt_.cache->plan(seq.req.prompt, seq.prefilled);
+                    seq.last_cp = seq.prefilled;
                 }
             } catch (const std::exception& e) {
                 seq.st.reset();
@@ -615,6 +619,7 @@ void scheduler::loop() {
         stats_.state_bytes = bytes;
         stats_.prompt_tokens = prompt_total_;
         stats_.generated_tokens = generated_total_;
+        stats_.host_picks = host_picks_total_;
     }
 }
 

@@ -12,9 +12,10 @@
 //      in the engine's prefill chunks (engine::generate's, so a lone greedy request gives exactly its tokens);
 //   4. reports each pick to its sequence's sink and ends sequences at a stop id or max_tokens. Picks are made
 //      on the device (argmax, or a seeded draw), after the row's penalties, logit_bias and grammar mask (the
-//      host computes the mask from the grammar's state before each step of such a row); rows that need the
-//      distribution (log-probs, sampling the device does not draw) are chosen on the host from their logits row
-//      only. Decode-only steps whose rows need nothing from the host are queued one ahead of it.
+//      host computes the mask from the grammar's state before each step of such a row); log-probs come from a
+//      record the device makes of the row's raw logits (its log-sum-exp, the pick's logit, the top ones); rows
+//      that need the distribution (sampling the device does not draw) are chosen on the host from their logits
+//      row only. Decode-only steps whose rows need nothing from the host are queued one ahead of it.
 // Submission is bounded: a full queue is refused at once (the HTTP layer answers 429 with Retry-After).
 //
 // Text is not the scheduler's business: stop strings, detokenisation and parsing happen where the sink's
@@ -106,7 +107,10 @@ struct sequence_request {
     // (ids below the engine's n_valid_tokens; the HTTP layer checks). Rows with a bias are chosen on the host.
     std::vector<std::pair<int32_t, float>> logit_bias;
     std::vector<int32_t> stop_ids;  // reported, then the sequence ends (finish_reason::stop)
-    int logprobs = -1;              // -1: none; k >= 0: logprob of the chosen token and the top k (k <= 20)
+    int logprobs = -1;  // -1: none; k >= 0: logprob of the chosen token and the top k (k <= k_max_top_logprobs)
+    // false: every token is chosen on the host from its downloaded logits row, even where the device could pick
+    // it (the reference the device's picks, adjustments and log-prob records are tested against)
+    bool device_pick = true;
     std::unique_ptr<token_constraint> constraint;
     std::shared_ptr<sequence_sink> sink;
     // false: neither restored from nor stored in the prefix cache (llama.cpp's "cache_prompt": false)
@@ -133,6 +137,7 @@ struct scheduler_stats {
     size_t state_bytes = 0, state_budget = 0;
     uint64_t steps = 0, decode_rows = 0;  // decode forwards, and the sequences they carried
     uint64_t prompt_tokens = 0, generated_tokens = 0;
+    uint64_t host_picks = 0;  // tokens chosen on the host from a downloaded logits row
     prefix_cache_stats cache;  // the prefix cache's (its bytes count within state_budget); zero without one
 };
 
@@ -213,7 +218,7 @@ class scheduler {
     std::optional<step_in_flight> pending_;
     std::vector<float> host_logits_, scratch_;
     std::vector<uint32_t> mask_bits_;
-    uint64_t prompt_total_ = 0, generated_total_ = 0;
+    uint64_t prompt_total_ = 0, generated_total_ = 0, host_picks_total_ = 0;
     std::thread thread_;
 };
 

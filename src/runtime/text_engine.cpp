@@ -7,7 +7,7 @@
 namespace tansy {
 
 text_engine::text_engine(const engine_options& opt, const synthetic_spec& syn) {
-    dir_ = opt.model_dir.empty() ? default_model_dir() : opt.model_dir;
+    dir_ = opt.model_dir.empty() ? bundled_model_dir() : opt.model_dir;
     synthetic_ = !syn.config.empty();
     engine_options o = opt;
     o.model_dir = dir_;

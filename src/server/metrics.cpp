@@ -120,6 +120,8 @@ std::string server_metrics::render(const scheduler_stats* st, bool loaded) const
         counter("tansy_decode_steps_total", "batched decode forwards", (double)st->steps);
         counter("tansy_decode_rows_total", "sequences carried by decode forwards (rows / steps = mean batch)",
                 (double)st->decode_rows);
+        counter("tansy_host_picks_total", "tokens chosen on the host from a downloaded logits row",
+                (double)st->host_picks);
         const prefix_cache_stats& pc = st->cache;
         counter("tansy_prefix_cache_hits_total", "requests that restored a cached prompt prefix", (double)pc.hits);
         counter("tansy_prefix_cache_misses_total", "requests that found no cached prompt prefix", (double)pc.misses);

@@ -66,7 +66,7 @@ server::~server() {
 void server::start() {
     state& s = *s_;
     if (s.opt.model_name.empty()) {
-        std::string dir = s.opt.engine.model_dir.empty() ? default_model_dir() : s.opt.engine.model_dir;
+        std::string dir = s.opt.engine.model_dir.empty() ? bundled_model_dir() : s.opt.engine.model_dir;
         if (!s.opt.synthetic.config.empty())
             dir = std::filesystem::absolute(s.opt.synthetic.config).lexically_normal().parent_path().string();
         while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -90,14 +90,12 @@ engine& server::eng() {
 
 void server::load() {
     state& s = *s_;
-    const std::string dir = s.opt.engine.model_dir.empty() ? default_model_dir() : s.opt.engine.model_dir;
+    const std::string dir = s.opt.engine.model_dir.empty() ? bundled_model_dir() : s.opt.engine.model_dir;
     const bool synthetic = !s.opt.synthetic.config.empty();
     {
         // a synthetic model reads no checkpoint: nothing for the bar to follow
         load_progress bar(dir, s.opt.progress && !synthetic);
-        // Tests only: the tiny model loads in milliseconds; this makes the "loading" state observable.
-        if (const char* d = std::getenv("TANSY_TEST_LOAD_DELAY_MS"))
-            std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
+        if (s.opt.load_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(s.opt.load_delay_ms));
         s.te = std::make_unique<text_engine>(s.opt.engine, s.opt.synthetic);
         bar.done();
     }

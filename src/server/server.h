@@ -33,6 +33,8 @@ struct serve_options {
     int64_t ctx_size = 0;    // tokens per sequence (prompt + completion); 0: min(model maximum, 32768)
     int shutdown_grace_ms = 10000;  // in-flight requests may finish this long after SIGINT/SIGTERM
     bool progress = true;    // progress bar on stderr while loading
+    int load_delay_ms = 0;   // tests only ($TANSY_TEST_LOAD_DELAY_MS): the tiny model loads in milliseconds;
+                             // a delay makes the "loading" state observable
     bool log_requests = true;
     bool webui = true;  // GET / answers the chat page (src/server/webui/index.html); off: 404
     // An unknown request field is a 400 naming it (code unknown_parameter) instead of a warning on stderr: for

@@ -353,7 +353,16 @@ def group_api():
             _, content, _, _, _ = collect_stream(s)
             check(isinstance(json.loads(content), dict), content)
 
+    def settled_metrics():  # once the last request's sequence has left the scheduler (its counters are final)
+        deadline = time.time() + 10
+        while True:
+            m = srv.metrics()
+            if m["tansy_active_sequences"] == 0 or time.time() > deadline:
+                return m
+            time.sleep(0.05)
+
     def logprobs():
+        m0 = settled_metrics()
         # log-probs cover the answer: with thinking, its reasoning tokens have none
         r = cl.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}], temperature=0,
                                        max_tokens=200, logprobs=True, top_logprobs=3)
@@ -374,6 +383,9 @@ def group_api():
         l = c.choices[0].logprobs
         check(len(l.tokens) == len(l.token_logprobs) == len(l.top_logprobs) == len(l.text_offset) > 0, l)
         check("".join(l.tokens) == c.choices[0].text, (l.tokens, c.choices[0].text))
+        # greedy rows with log-probs are picked on the device, which reports a record per row: no logits row comes down
+        picks = settled_metrics()["tansy_host_picks_total"] - m0["tansy_host_picks_total"]
+        check(picks == 0, f"{picks} tokens were chosen on the host")
 
     def tool_choice():
         msgs, tools = tool_messages("Hello!")

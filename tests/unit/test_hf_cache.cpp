@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "cli/args.h"
 #include "core/check.h"
 #include "loader/hf_cache.h"
 #include "server/http.h"
@@ -56,9 +57,12 @@ struct scoped_env {
     }
 };
 
+// As the command line resolves --model: in the cache the environment names.
+std::string resolve(const std::string& arg) { return tansy::resolve_model_path(arg, tansy::hf_hub_cache_dir()); }
+
 std::string error_of(const std::string& arg) {
     try {
-        tansy::resolve_model_path(arg);
+        resolve(arg);
     } catch (const tansy::error& e) {
         return e.what();
     }
@@ -84,8 +88,8 @@ TEST(hf_cache, repo_ids_and_paths) {
         EXPECT_FALSE(tansy::is_hf_repo_id(p)) << p;
     EXPECT_EQ(tansy::hf_repo_name("org/name@v1"), "org/name");
     // anything that is no repo id goes to the loader unchanged (it reports missing paths itself)
-    EXPECT_EQ(tansy::resolve_model_path("/nonexistent"), "/nonexistent");
-    EXPECT_EQ(tansy::resolve_model_path(TINY), TINY);
+    EXPECT_EQ(resolve("/nonexistent"), "/nonexistent");
+    EXPECT_EQ(resolve(TINY), TINY);
 }
 
 TEST(hf_cache, resolves_refs_hashes_and_prefixes) {
@@ -93,11 +97,11 @@ TEST(hf_cache, resolves_refs_hashes_and_prefixes) {
     make_cached_repo(cache, "acme", "tiny", true);
     scoped_env e("HF_HUB_CACHE", cache.c_str());
     const std::string snap = cache + "/models--acme--tiny/snapshots/" + HASH;
-    EXPECT_EQ(tansy::resolve_model_path("acme/tiny"), snap);
-    EXPECT_EQ(tansy::resolve_model_path("acme/tiny@main"), snap);
-    EXPECT_EQ(tansy::resolve_model_path("acme/tiny@v1"), snap);  // a ref file with a trailing newline
-    EXPECT_EQ(tansy::resolve_model_path("acme/tiny@" + HASH), snap);
-    EXPECT_EQ(tansy::resolve_model_path("acme/tiny@" + HASH.substr(0, 7)), snap);
+    EXPECT_EQ(resolve("acme/tiny"), snap);
+    EXPECT_EQ(resolve("acme/tiny@main"), snap);
+    EXPECT_EQ(resolve("acme/tiny@v1"), snap);  // a ref file with a trailing newline
+    EXPECT_EQ(resolve("acme/tiny@" + HASH), snap);
+    EXPECT_EQ(resolve("acme/tiny@" + HASH.substr(0, 7)), snap);
 }
 
 TEST(hf_cache, an_existing_directory_wins_over_a_repo_id) {
@@ -108,7 +112,7 @@ TEST(hf_cache, an_existing_directory_wins_over_a_repo_id) {
     scoped_env e("HF_HUB_CACHE", cache.c_str());
     const fs::path old = fs::current_path();
     fs::current_path(cwd);
-    const std::string got = tansy::resolve_model_path("acme/tiny");
+    const std::string got = resolve("acme/tiny");
     fs::current_path(old);
     EXPECT_EQ(got, "acme/tiny");
 }
@@ -141,6 +145,9 @@ TEST(hf_cache, cli_commands_take_a_repo_id) {
         ASSERT_EQ(tansy::test::run_command(env + CLI + " run --model acme/tiny" + rev + args, &got, false), 0) << rev;
         EXPECT_EQ(got, want) << rev;
     }
+    // $TANSY_MODEL takes a repo id too (the model without --model)
+    ASSERT_EQ(tansy::test::run_command(env + "TANSY_MODEL=acme/tiny " + CLI + " run" + args, &got, false), 0);
+    EXPECT_EQ(got, want);
     // info names the snapshot; tokenize reads its tokenizer.json through the blob symlink
     ASSERT_EQ(tansy::test::run_command(env + CLI + " info --model acme/tiny 2>/dev/null", &got, false), 0);
     EXPECT_NE(got.find("snapshots/" + HASH), std::string::npos) << got;

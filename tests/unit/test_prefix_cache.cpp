@@ -284,29 +284,97 @@ TEST(prefix_cache, shared_system_prompt_mid_block_and_divergence) {
     EXPECT_EQ(run(s, 1, a, 16).ids, reference_greedy(a, 16));
     const outcome ob = run(s, 2, b, 16);
     EXPECT_EQ(ob.ids, reference_greedy(b, 16));
-    // b leaves a's path inside a block: it restores the later of the block boundary before and the end of the
-    // system message (a checkpoint before the first <|im_start|> after 0), and checkpoints where it left
+    // b leaves a's path after its system message: a's prompt ran in one piece per mark (no interval checkpoint
+    // inside: pieces are not cut for those), so b restores the end of the system message (a checkpoint before the
+    // first <|im_start|> after 0), and checkpoints where it left
     const int32_t im_start = tiny().tok().find("<|im_start|>");
     const int64_t sys_end = std::find(a.begin() + 1, a.end(), im_start) - a.begin();
     ASSERT_LE(sys_end, shared);
-    EXPECT_EQ(ob.fin.cached_tokens, std::max(shared / 64 * 64, sys_end));
+    EXPECT_EQ(ob.fin.cached_tokens, sys_end);
     // c shares the same system prompt: it restores exactly the divergence point b left there
     const int64_t shared_c = std::mismatch(c.begin(), c.end(), b.begin()).first - c.begin();
     const outcome oc = run(s, 3, c, 16);
     EXPECT_EQ(oc.ids, reference_greedy(c, 16));
     EXPECT_EQ(oc.fin.cached_tokens, std::min(shared, shared_c));
     // a prefix of a that ends mid-block, and one that diverges inside a cached block
-    const std::vector<int32_t> mid(a.begin(), a.begin() + 100);
+    const std::vector<int32_t> mid(a.begin(), a.begin() + sys_end + 20);
     const outcome om = run(s, 4, mid, 12);
     EXPECT_EQ(om.ids, reference_greedy(mid, 12));
-    EXPECT_GT(om.fin.cached_tokens, 0);
-    std::vector<int32_t> div(a.begin(), a.begin() + 90);
+    EXPECT_GE(om.fin.cached_tokens, sys_end);
+    std::vector<int32_t> div(a.begin(), a.begin() + sys_end + 6);
     const std::vector<int32_t> other = render(conversation("Can I write events to a file?"));
     div.insert(div.end(), other.end() - 20, other.end());
     const outcome od = run(s, 5, div, 12);
     EXPECT_EQ(od.ids, reference_greedy(div, 12));
-    EXPECT_GT(od.fin.cached_tokens, 0);
-    EXPECT_LE(od.fin.cached_tokens, 90);
+    EXPECT_GE(od.fin.cached_tokens, sys_end);
+    EXPECT_LE(od.fin.cached_tokens, sys_end + 6);
+}
+
+// Plain text (no turn token): the prefix cache places no mark in it.
+std::vector<int32_t> plain_text(int words) {
+    std::string t;
+    for (int i = 0; i < words; i++) t += " event " + std::to_string(i * 7 % 13) + (i % 5 == 4 ? "." : ",");
+    return tiny().tok().encode(t);
+}
+
+// An agent's next call: the whole conversation again plus a tool result. The rest fits one prefill piece, so it
+// runs as one forward pass even where it crosses interval positions (a cut there costs a forward pass).
+TEST(prefix_cache, a_next_call_that_fits_one_piece_runs_in_one_step) {
+    prefix_cache pc(tiny().eng().be(), small_blocks());
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(tiny().eng(), so);
+    const std::vector<int32_t> p1 = render(conversation("Which module validates events?"));
+    run(s, 1, p1, 8);
+    std::vector<int32_t> p2 = p1;
+    const std::vector<int32_t> result = plain_text(60);
+    p2.insert(p2.end(), result.begin(), result.end());
+    ASSERT_GT((int64_t)result.size(), 2 * small_blocks().snapshot_interval) << "the rest crosses interval positions";
+    const uint64_t steps = s.stats().steps;
+    const outcome o = run(s, 2, p2, 1);
+    // (the finish event comes from inside the step, before the step is counted)
+    for (int i = 0; i < 2000 && s.stats().steps == steps; i++) std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(o.fin.cached_tokens, (int64_t)p1.size());
+    EXPECT_EQ(s.stats().steps - steps, 1u) << "one forward pass for the whole rest";
+    EXPECT_EQ(o.ids, reference_greedy(p2, 1));
+}
+
+// A long prompt in many pieces takes a checkpoint at the first piece end an interval after the last one, so a
+// divergence inside it restores from there.
+TEST(prefix_cache, interval_checkpoints_at_piece_ends) {
+    struct chunk_guard {  // smaller prefill chunks for this test: many pieces on a short prompt
+        int64_t saved = tiny().eng().fwd().prefill_chunk;
+        chunk_guard() { tiny().eng().fwd().prefill_chunk = 48; }
+        ~chunk_guard() { tiny().eng().fwd().prefill_chunk = saved; }
+    } guard;
+    const prefix_cache_options po = small_blocks();
+    prefix_cache pc(tiny().eng().be(), po);
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(tiny().eng(), so);
+    const std::vector<int32_t> a = plain_text(120);
+    ASSERT_GT(a.size(), 300u);
+    EXPECT_EQ(run(s, 1, a, 4).ids, reference_greedy(a, 4));
+    // pieces end at 48, 96, 144, ...: a checkpoint is due at 96, 192, 288, ... (64 tokens after the last one)
+    const int64_t expect_cps = ((int64_t)a.size() - 1) / 96;
+    EXPECT_EQ(pc.stats().checkpoints, expect_cps);
+    std::vector<int32_t> b(a.begin(), a.begin() + 250);
+    const std::vector<int32_t> tail = plain_text(9);
+    b.insert(b.end(), tail.rbegin(), tail.rend());
+    const outcome ob = run(s, 2, b, 4);
+    EXPECT_EQ(ob.fin.cached_tokens, 192);
+    EXPECT_EQ(ob.ids, reference_greedy(b, 4));
+    // the same pieces without the scheduler: tansy run --chat's path
+    prefix_cache pc2(tiny().eng().be(), po);
+    auto st = tiny().eng().new_sequence((int64_t)a.size() + 8);
+    generation_request req;
+    req.prompt = a;
+    req.max_tokens = 4;
+    req.stop = tiny().eos();
+    std::vector<int32_t> out;
+    tiny().eng().generate_cached(pc2, *st, req, [&](int32_t id) { return out.push_back(id), true; });
+    EXPECT_EQ(out, reference_greedy(a, 4));
+    EXPECT_EQ(pc2.stats().checkpoints, expect_cps);
 }
 
 TEST(prefix_cache, eviction_under_a_small_budget_keeps_outputs_exact) {

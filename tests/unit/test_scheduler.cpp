@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "runtime/scheduler.h"
 #include "runtime/text_engine.h"
+#include "scheduler_test_util.h"
 #include "tokenizer/chat_template.h"
 
 namespace tansy {
@@ -19,61 +20,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-class collect_sink final : public sequence_sink {
-  public:
-    void on_token(const token_event& e) override {
-        std::lock_guard<std::mutex> lk(mu_);
-        tokens_.push_back(e);
-        cv_.notify_all();
-    }
-    void on_finish(const finish_event& e) override {
-        std::lock_guard<std::mutex> lk(mu_);
-        finishes_++;
-        fin_ = e;
-        cv_.notify_all();
-    }
-    // waits for the finish event (fails the test after 60 s)
-    finish_event wait() {
-        std::unique_lock<std::mutex> lk(mu_);
-        EXPECT_TRUE(cv_.wait_for(lk, 60s, [&] { return finishes_ > 0; })) << "no finish event";
-        return fin_;
-    }
-    void wait_tokens(size_t n) {
-        std::unique_lock<std::mutex> lk(mu_);
-        EXPECT_TRUE(cv_.wait_for(lk, 60s, [&] { return tokens_.size() >= n || finishes_ > 0; }));
-    }
-    std::vector<int32_t> ids() {
-        std::lock_guard<std::mutex> lk(mu_);
-        std::vector<int32_t> v;
-        for (const token_event& e : tokens_) v.push_back(e.id);
-        return v;
-    }
-    std::vector<token_event> events() {
-        std::lock_guard<std::mutex> lk(mu_);
-        return tokens_;
-    }
-    int finishes() {
-        std::lock_guard<std::mutex> lk(mu_);
-        return finishes_;
-    }
-
-  private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::vector<token_event> tokens_;
-    finish_event fin_;
-    int finishes_ = 0;
-};
-
-text_engine& tiny() {
-    static text_engine te([] {
-        engine_options o;
-        o.backend = "cpu";
-        o.threads = 1;
-        return o;
-    }());
-    return te;
-}
+using test::collect_sink;
+using test::cuda_tiny;
+using test::tiny;
 
 std::vector<int32_t> chat_prompt(const std::string& user) {
     const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", user}}});
@@ -391,18 +340,6 @@ TEST(scheduler, max_tokens_and_shutdown_end_sequences) {
     EXPECT_EQ(c->finishes(), 0);
 }
 
-// The bundled model on the CUDA backend, or null (and why) where there is none.
-std::unique_ptr<text_engine> cuda_tiny(std::string* why) {
-    try {
-        engine_options o;
-        o.backend = "cuda";
-        return std::make_unique<text_engine>(o);
-    } catch (const error& e) {
-        *why = e.what();
-        return nullptr;
-    }
-}
-
 // The same on the CUDA backend, where one is usable: a lone greedy request must give engine::generate's tokens
 // (which decodes through CUDA graphs), and a batch must decode every sequence to completion.
 TEST(scheduler, cuda_lone_request_equals_generate_and_batches_run) {
@@ -546,9 +483,9 @@ TEST(scheduler, device_drawn_requests_equal_the_host_sampler) {
     EXPECT_EQ(sink->ids(), host);
 }
 
-// Penalties and logit_bias are applied on the device before the device's pick; a request that also asks for
-// log-probs is picked on the host, which applies them there (scheduler::choose). Both must choose the same
-// tokens, greedy and seeded, alone and in one batch with rows that have none.
+// Penalties and logit_bias are applied on the device before the device's pick; a request with device_pick off is
+// picked on the host, which applies them there (scheduler::choose). Both must choose the same tokens, greedy and
+// seeded, alone and in one batch with rows that have none.
 void expect_device_adjust_equals_host(text_engine& te) {
     auto prompt_of = [&](const std::string& user) {
         const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", user}}});
@@ -578,7 +515,7 @@ void expect_device_adjust_equals_host(text_engine& te) {
         r.sampling.temperature = v.temperature;
         r.sampling.top_k = v.temperature > 0 ? 40 : 0;
         r.sampling.seed = 99;
-        if (host) r.logprobs = 0;  // a host pick: the penalties and bias are applied there
+        r.device_pick = !host;  // a host pick: the penalties and bias are applied there
         return r;
     };
     scheduler_options same_capacity;  // the CUDA backend batches only states of one capacity
@@ -635,9 +572,9 @@ class rotating_constraint final : public token_constraint {
     int64_t taken_ = 0;
 };
 
-// A constrained row picks on the device after its mask (set by the scheduler before each step); with log-probs
-// requested it picks on the host from the masked row instead. Both must choose the same tokens, greedy and
-// seeded, with penalties on top, alone and batched.
+// A constrained row picks on the device after its mask (set by the scheduler before each step); with device_pick
+// off it picks on the host from the masked row instead. Both must choose the same tokens, greedy and seeded, with
+// penalties on top, alone and batched.
 void expect_device_masks_equal_host(text_engine& te) {
     const nlohmann::ordered_json msgs =
         nlohmann::ordered_json::array({{{"role", "user"}, {"content", "Write a haiku about the sea."}}});
@@ -652,7 +589,7 @@ void expect_device_masks_equal_host(text_engine& te) {
         r.sampling.seed = 4242;
         if (penalties) r.penalties.frequency = 0.8f, r.logit_bias = {{13, 3.0f}};
         r.constraint = std::make_unique<rotating_constraint>();
-        if (host) r.logprobs = 0;
+        r.device_pick = !host;
         return r;
     };
     const std::vector<std::pair<float, bool>> variants = {{0.0f, false}, {0.9f, false}, {0.7f, true}};

@@ -209,6 +209,26 @@ class cpu_backend final : public backend {
             if ((c & (k_count_prompt_bit - 1)) < k_count_prompt_bit - 1) c++;
         }
     }
+    void logprob_rows(const tensor& records, const tensor& logits, int64_t n_valid, const tensor& ids,
+                      const tensor& row_slot, const tensor& top) override {
+        TANSY_CHECK(records.cols == k_logprob_words && records.type == dtype::i32 && records.rows >= logits.rows &&
+                        ids.rows >= logits.rows && row_slot.rows >= logits.rows && top.type == dtype::i32,
+                    "logprob_rows shapes");
+        const int64_t nv = std::min(n_valid, logits.cols);
+        for (int64_t r = 0; r < logits.rows; r++) {
+            const int32_t s = ((const int32_t*)row_slot.data)[r];
+            TANSY_CHECK(s >= 0 && s < top.rows, "logprob_rows: slot %d of %lld", s, (long long)top.rows);
+            const int32_t n = ((const int32_t*)top.data)[s];
+            if (n < 0) continue;
+            cpu::logprob_record((int32_t*)records.data + r * k_logprob_words, f32(logits) + r * logits.cols, nv,
+                                ((const int32_t*)ids.data)[r], n);
+        }
+    }
+    void copy(const tensor& dst, const tensor& src) override {
+        TANSY_CHECK(dst.bytes() == src.bytes() && dst.type == src.type, "copy: %zu bytes into %zu", src.bytes(),
+                    dst.bytes());
+        memcpy(dst.data, src.data, src.bytes());
+    }
     void gather_slots(const tensor& out, const tensor& vals, const tensor& row_slot) override {
         for (int64_t r = 0; r < out.rows; r++) {
             const int32_t s = ((const int32_t*)row_slot.data)[r];

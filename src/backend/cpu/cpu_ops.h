@@ -44,4 +44,8 @@ void gated_rms_norm(float* y, const float* o, const float* z, const float* w, in
 // idx [T, k] sorted by descending weight, w [T, k].
 void moe_route(int32_t* idx, float* w, const float* logits, int64_t T, int64_t E, int64_t k);
 
+// One row's log-prob record (sampling/logprobs.h: k_logprob_words words) from its raw logits row[0, n_valid):
+// the log-sum-exp (in double, then rounded), row[chosen], and the top `top` (id, logit), top <= k_max_top_logprobs.
+void logprob_record(int32_t* rec, const float* row, int64_t n_valid, int32_t chosen, int top);
+
 }  // namespace tansy::cpu

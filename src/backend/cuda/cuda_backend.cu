@@ -17,6 +17,7 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/kernel_plan.h"
+#include "backend/cuda/logprobs.cuh"
 #include "backend/cuda/misc.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/sample.cuh"
@@ -33,6 +34,8 @@ using namespace cuda;
 
 static_assert(k_device_max_top_k == k_sample_max_top_k && k_device_max_sample_ids == k_sample_max_ids,
               "the scheduler's device-draw rule must match the CUDA sampler");
+static_assert(k_logprob_max_ids == k_device_max_logprob_ids,
+              "the scheduler's device log-prob rule must match the kernels");
 
 float* f32(const tensor& t) {
     TANSY_CHECK(t.type == dtype::f32, "cuda backend expects f32 activations, got %s", dtype_name(t.type));
@@ -147,7 +150,7 @@ class cuda_backend final : public backend {
         for (auto* a : {&ws_norm_, &ws_q_, &ws_part_o_, &ws_part_ml_, &ws_gdn_o_, &ws_router_, &ws_wt_, &ws_sig_, &ws_h_, &ws_argmax_})
             a->epoch = &epoch_;
         for (auto* a : {&gather_rows_dev_, &ws_idx_, &ws_perm_, &ws_pos_, &ws_ntiles_}) a->epoch = &epoch_;
-        ws_sample_.epoch = &epoch_;
+        ws_sample_.epoch = ws_logprob_.epoch = &epoch_;
         ws_tiles_.epoch = ws_y_.epoch = ws_gdn_work_.epoch = &epoch_;
         ws_a16_.epoch = ws_m16_.epoch = ws_h16_.epoch = &epoch_;
         rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
@@ -508,6 +511,22 @@ class cuda_backend final : public backend {
         count_picks_rows((int32_t*)counts.data, counts.cols, (const int32_t*)ids.data, (const int32_t*)row_slot.data,
                          (const float*)pen.data, (int)ids.rows, stream_);
     }
+    void logprob_rows(const tensor& records, const tensor& logits, int64_t n_valid, const tensor& ids,
+                      const tensor& row_slot, const tensor& top) override {
+        TANSY_CHECK(records.cols == k_logprob_words && records.type == dtype::i32 && records.rows >= logits.rows &&
+                        ids.rows >= logits.rows && row_slot.rows >= logits.rows && top.type == dtype::i32,
+                    "cuda logprob_rows shapes");
+        const int64_t nv = std::min(n_valid, logits.cols);
+        uint64_t* scratch = ws_logprob_.ensure(logprob_scratch_words((int)logits.rows, nv));
+        logprob_slot_rows((int32_t*)records.data, f32(logits), (int)logits.rows, logits.cols, nv,
+                          (const int32_t*)ids.data, (const int32_t*)row_slot.data, (const int32_t*)top.data, scratch,
+                          stream_);
+    }
+    void copy(const tensor& dst, const tensor& src) override {
+        TANSY_CHECK(dst.bytes() == src.bytes() && dst.type == src.type, "copy: %zu bytes into %zu", src.bytes(),
+                    dst.bytes());
+        CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+    }
     void gather_slots(const tensor& out, const tensor& vals, const tensor& row_slot) override {
         gather_slots_i32((int32_t*)out.data, (const int32_t*)vals.data, (const int32_t*)row_slot.data, (int)out.rows,
                          stream_);
@@ -809,7 +828,8 @@ class cuda_backend final : public backend {
     dev_array<uint16_t> ws_a16_, ws_m16_, ws_h16_;
     device_buffer tap_;  // tap_logits
     dev_array<float> ws_y_, ws_gdn_work_, ws_norm_, ws_q_, ws_part_o_, ws_part_ml_, ws_gdn_o_, ws_router_, ws_wt_, ws_sig_, ws_h_, ws_argmax_;
-    dev_array<uint64_t> ws_sample_;  // the sampler's per-slice candidates (sample_scratch_words)
+    dev_array<uint64_t> ws_sample_;   // the sampler's per-slice candidates (sample_scratch_words)
+    dev_array<uint64_t> ws_logprob_;  // the log-prob rows' per-slice results (logprob_scratch_words)
 };
 
 }  // namespace

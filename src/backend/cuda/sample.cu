@@ -1,6 +1,5 @@
-// Top-k sampling on the device (sample.cuh), in two kernels over packed candidates. A candidate is
-// (order_key(logit) << 32) | ~id: unsigned order of candidates is (logit descending, id ascending), the host
-// sampler's order with ties going to the lower id, and no two candidates of a row are equal.
+// Top-k sampling on the device (sample.cuh), in two kernels over packed candidates (candidates.cuh: ordered by
+// logit descending, id ascending, the host sampler's order with ties going to the lower id).
 //  1. split_kernel: a row is cut into slices of at most k_slice ids; one block per slice keeps the slice's top_k
 //     candidates (a radix select over the 64-bit values held in registers) in scratch. The row's top_k are among
 //     the union of its slices' top_k.
@@ -14,6 +13,7 @@
 #include <climits>
 #include <cmath>
 
+#include "backend/cuda/candidates.cuh"
 #include "backend/cuda/common.cuh"
 #include "core/check.h"
 #include "sampling/sampler_math.h"
@@ -28,82 +28,6 @@ constexpr int k_slice = 2048;        // ids per slice at most: 8 per thread of a
 constexpr int k_max_splits = 128;    // slices per row at most (n_valid <= k_sample_max_ids at 4096 ids a slice)
 constexpr int DRAW_PER = k_max_splits * k_sample_max_top_k / DRAW_THREADS;  // candidates per draw thread: 8
 static_assert(k_sample_max_ids <= k_max_splits * 2 * k_slice, "k_sample_max_ids must fit the split layout");
-
-__device__ __forceinline__ uint64_t pack(float logit, int id) {
-    return (uint64_t)order_key(logit) << 32 | (uint32_t)~(uint32_t)id;
-}
-__device__ __forceinline__ int id_of(uint64_t c) { return (int)~(uint32_t)c; }
-
-template <int THREADS>
-struct select_smem {
-    int hist[256];
-    int red[THREADS / 32];
-    unsigned long long red64[THREADS / 32];
-    int sel, need, done, count;
-};
-
-template <int THREADS>
-__device__ __forceinline__ int block_sum(int v, select_smem<THREADS>& sm) {
-    constexpr int WARPS = THREADS / 32;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = (int)__reduce_add_sync(0xffffffffu, (unsigned)v);
-    if (lane == 0) sm.red[warp] = v;
-    __syncthreads();
-    v = (int)__reduce_add_sync(0xffffffffu, lane < WARPS ? (unsigned)sm.red[lane] : 0u);
-    __syncthreads();
-    return v;
-}
-
-template <int THREADS>
-__device__ __forceinline__ uint64_t block_max(uint64_t v, select_smem<THREADS>& sm) {
-    constexpr int WARPS = THREADS / 32;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, (unsigned long long)v, o));
-    if (lane == 0) sm.red64[warp] = v;
-    __syncthreads();
-    v = lane < WARPS ? sm.red64[lane] : 0;
-    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, (unsigned long long)v, o));
-    __syncthreads();
-    return v;
-}
-
-// Over the block's values v (PER per thread), those >= lo compete: returns t such that exactly min(k, their count)
-// of them are >= t. A radix select, 8 bits a pass from the top, that stops at the first pass whose chosen bin is
-// taken whole (the values are distinct, so the last pass always is). Histograms count with warp-aggregated
-// shared-memory atomics, so the result does not depend on timing.
-template <int THREADS, int PER>
-__device__ uint64_t select_threshold(const uint64_t (&v)[PER], uint64_t lo, int k, select_smem<THREADS>& sm) {
-    const int lane = threadIdx.x % 32;
-    int c = 0;
-#pragma unroll
-    for (int j = 0; j < PER; j++) c += v[j] >= lo;
-    if (block_sum(c, sm) <= k) return lo;
-    int need = k;
-    uint64_t prefix = 0, mask = 0;
-    for (int shift = 56; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < 256; b += THREADS) sm.hist[b] = 0;
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < PER; j++) {  // every thread the same trip count: the warp stays converged
-            const uint64_t x = v[j];
-            const int bin = x >= lo && (x & mask) == prefix ? (int)((x >> shift) & 255u) : 256;
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], __popc(peers));
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            int cum = 0, b = 255;
-            for (; b > 0 && cum + sm.hist[b] < need; b--) cum += sm.hist[b];
-            sm.sel = b, sm.need = need - cum, sm.done = sm.hist[b] == need - cum;
-        }
-        __syncthreads();
-        prefix |= (uint64_t)sm.sel << shift, mask |= (uint64_t)0xFF << shift, need = sm.need;
-        const bool done = sm.done;
-        __syncthreads();  // every thread has read sm before the next pass clears it
-        if (done) break;
-    }
-    return prefix;  // the chosen bin's values match prefix above the last pass's bits: all of them are >= it
-}
 
 // A row's parameters: one setting for every row (rng[r] is row r's state), or each row its slot's.
 struct fixed_rows {
@@ -142,7 +66,7 @@ __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(uint64_t* cand, co
 #pragma unroll
     for (int j = 0; j < PER; j++) {
         const int i = i0 + j * SPLIT_THREADS + (int)threadIdx.x;
-        v[j] = i < i1 ? pack(l[i], i) : 0;
+        v[j] = i < i1 ? pack_candidate(l[i], i) : 0;
     }
     __shared__ select_smem<SPLIT_THREADS> sm;
     const uint64_t t = select_threshold(v, 1, a.top_k, sm);
@@ -177,13 +101,13 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(int32_t* ids, const 
     __shared__ uint64_t c_val[k_sample_max_top_k];
     __shared__ int c_id[k_sample_max_top_k];
     __shared__ float c_sorted[k_sample_max_top_k], c_w[k_sample_max_top_k];
-    best = block_max(best, sm);
+    best = select_block_max(best, sm);
 
     // a non-finite best (an infinite logit, every token -inf or NaN): the host's argmax, the first id of the best key
     const float* l = logits + (int64_t)r * ld;
     const uint32_t km = (uint32_t)(best >> 32);
     if (km == 0 || !isfinite(key_value(km))) {
-        if (tid == 0) ids[r] = id_of(best);
+        if (tid == 0) ids[r] = candidate_id(best);
         return;
     }
     const uint64_t lo = (uint64_t)order_key(sampling_math::floor_logit(key_value(km), a.temperature)) << 32;
@@ -198,7 +122,7 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(int32_t* ids, const 
     if (tid < m) {  // rank by (logit descending, id ascending): the candidates are distinct
         int rank = 0;
         for (int j = 0; j < m; j++) rank += c_val[j] > c_val[tid];
-        c_id[rank] = id_of(c_val[tid]);
+        c_id[rank] = candidate_id(c_val[tid]);
         c_sorted[rank] = l[c_id[rank]];  // the logit itself (-0 stays -0, as the host sees it)
     }
     __syncthreads();

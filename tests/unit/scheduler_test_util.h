@@ -1,0 +1,88 @@
+// Scheduler tests' shared pieces: a sink that collects a sequence's events, and the bundled tiny model on the
+// CPU backend (one per test binary) or on the CUDA backend where one is usable.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "runtime/scheduler.h"
+#include "runtime/text_engine.h"
+
+namespace tansy::test {
+
+class collect_sink final : public sequence_sink {
+  public:
+    void on_token(const token_event& e) override {
+        std::lock_guard<std::mutex> lk(mu_);
+        tokens_.push_back(e);
+        cv_.notify_all();
+    }
+    void on_finish(const finish_event& e) override {
+        std::lock_guard<std::mutex> lk(mu_);
+        finishes_++;
+        fin_ = e;
+        cv_.notify_all();
+    }
+    // waits for the finish event (fails the test after 60 s)
+    finish_event wait() {
+        std::unique_lock<std::mutex> lk(mu_);
+        EXPECT_TRUE(cv_.wait_for(lk, std::chrono::seconds(60), [&] { return finishes_ > 0; })) << "no finish event";
+        return fin_;
+    }
+    void wait_tokens(size_t n) {
+        std::unique_lock<std::mutex> lk(mu_);
+        EXPECT_TRUE(cv_.wait_for(lk, std::chrono::seconds(60), [&] { return tokens_.size() >= n || finishes_ > 0; }));
+    }
+    std::vector<int32_t> ids() {
+        std::lock_guard<std::mutex> lk(mu_);
+        std::vector<int32_t> v;
+        for (const token_event& e : tokens_) v.push_back(e.id);
+        return v;
+    }
+    std::vector<token_event> events() {
+        std::lock_guard<std::mutex> lk(mu_);
+        return tokens_;
+    }
+    int finishes() {
+        std::lock_guard<std::mutex> lk(mu_);
+        return finishes_;
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<token_event> tokens_;
+    finish_event fin_;
+    int finishes_ = 0;
+};
+
+// The bundled tiny model on the CPU backend, one for the whole test binary.
+inline text_engine& tiny() {
+    static text_engine te([] {
+        engine_options o;
+        o.backend = "cpu";
+        o.threads = 1;
+        return o;
+    }());
+    return te;
+}
+
+// The bundled model on the CUDA backend, or null (and why) where there is none.
+inline std::unique_ptr<text_engine> cuda_tiny(std::string* why) {
+    try {
+        engine_options o;
+        o.backend = "cuda";
+        return std::make_unique<text_engine>(o);
+    } catch (const error& e) {
+        *why = e.what();
+        return nullptr;
+    }
+}
+
+}  // namespace tansy::test
