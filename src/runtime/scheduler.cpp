@@ -43,6 +43,7 @@ struct scheduler::sequence {
     int64_t in_flight = 0;  // decode steps launched for it whose token is not emitted yet
     bool host_always = false;  // every token is chosen on the host (sampling the device does not draw, ...)
     bool device_mask = false;  // a constraint whose mask goes to the device before each pick (update_mask)
+    std::vector<uint32_t> allow_bits;  // a constraint's bits for a pick on the host (choose runs rows in parallel)
     bool done = false;
     std::unordered_map<int32_t, int> counts;  // generated ids (presence/frequency penalties)
     std::unordered_set<int32_t> seen;         // prompt and generated ids (repetition penalty)
@@ -167,16 +168,13 @@ bool scheduler::needs_host_logits(const sequence& s) const {
 }
 
 // A constrained row picked on the device: the grammar's allowed ids for its next pick go to its slot's mask (the
-// constraint marks on a row of zeros what may not come), or the mask goes while the constraint lets all through.
+// constraint writes the bits), or the mask goes while the constraint lets all through.
 void scheduler::update_mask(sequence& s) {
     if (!s.device_mask || s.done) return;
     if (!s.req.constraint->active()) return step_->clear_mask(s.slot);
     const int64_t nv = eng_.n_valid_tokens();
-    scratch_.assign((size_t)nv, 0.0f);
-    s.req.constraint->mask(scratch_.data(), nv, s.req.max_tokens - s.generated);
-    mask_bits_.assign((size_t)mask_words(nv), 0u);
-    for (int64_t v = 0; v < nv; v++)
-        if (scratch_[(size_t)v] != -std::numeric_limits<float>::infinity()) mask_bits_[(size_t)(v / 32)] |= 1u << (v % 32);
+    mask_bits_.resize((size_t)mask_words(nv));
+    s.req.constraint->allow(mask_bits_.data(), nv, s.req.max_tokens - s.generated);
     step_->set_mask(s.slot, mask_bits_.data());
 }
 
@@ -238,7 +236,7 @@ token_event scheduler::choose(sequence& s, const float* row, int32_t device_argm
                     if (tok < nv) scratch_[(size_t)tok] = sampling_math::repetition(scratch_[(size_t)tok], pp.repetition);
             for (const auto& [tok, bias] : s.req.logit_bias)
                 if (tok >= 0 && tok < nv) scratch_[(size_t)tok] += bias;
-            if (constrained) s.req.constraint->mask(scratch_.data(), nv, s.req.max_tokens - s.generated);
+            if (constrained) s.req.constraint->mask(scratch_.data(), nv, s.req.max_tokens - s.generated, s.allow_bits);
             src = scratch_.data();
         }
         if (s.req.sampling.temperature > 0.0f) {

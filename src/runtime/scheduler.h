@@ -21,10 +21,12 @@
 // Text is not the scheduler's business: stop strings, detokenisation and parsing happen where the sink's
 // events are consumed (the HTTP worker), which cancels the sequence when a stop string matches.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,12 +47,25 @@ namespace tansy {
 class token_constraint {
   public:
     virtual ~token_constraint() = default;
-    // false while the constraint lets everything through (e.g. during reasoning): mask() is then not called.
+    // false while the constraint lets everything through (e.g. during reasoning): allow() is then not called.
     virtual bool active() const = 0;
-    // Sets the logits of tokens that may not come next to -infinity. logits has n_valid entries. Must leave
-    // at least one token allowed.
-    virtual void mask(float* logits, int64_t n_valid, int64_t tokens_left) = 0;
+    // Writes which ids may come next, as the device's mask takes them: bit id % 32 of words[id / 32] set where
+    // id may come, every one of the mask_words(n_valid) words written (ids from n_valid on clear). Must leave at
+    // least one id allowed.
+    virtual void allow(uint32_t* words, int64_t n_valid, int64_t tokens_left) = 0;
     virtual void accept(int32_t id) = 0;
+    // allow() applied to a row of n_valid logits (the host's pick): ids that may not come get -infinity.
+    // words: scratch for the bits.
+    void mask(float* logits, int64_t n_valid, int64_t tokens_left, std::vector<uint32_t>& words) {
+        words.resize((size_t)mask_words(n_valid));
+        allow(words.data(), n_valid, tokens_left);
+        for (int64_t w = 0; w < (int64_t)words.size(); w++) {
+            const uint32_t bits = words[(size_t)w];
+            if (bits == ~0u) continue;
+            for (int64_t v = w * 32; v < std::min(n_valid, w * 32 + 32); v++)
+                if (!(bits >> (v % 32) & 1u)) logits[v] = -std::numeric_limits<float>::infinity();
+        }
+    }
 };
 
 using sched_clock = std::chrono::steady_clock;

@@ -21,6 +21,8 @@
 
 #include "runtime/scheduler.h"
 #include "server/json_schema.h"
+#include "server/mask_cache.h"
+#include "server/token_trie.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tansy {
@@ -33,11 +35,35 @@ struct token_table {
     int32_t think_end = -1;
     // per id: the text can sit inside a JSON string anywhere (no '"', '\\', control bytes; whole UTF-8 characters)
     std::vector<uint8_t> json_plain;
-    // per id: the text can sit inside a raw tool-call string value anywhere (no '<'; whole UTF-8 characters)
+    // per id: the text can sit inside a raw tool-call string value anywhere (no '<'; whole UTF-8 characters;
+    // not ending with a newline, which could start the value's closing "\n</parameter>")
     std::vector<uint8_t> raw_plain;
     std::vector<uint16_t> code_points;  // per id: UTF-8 characters in its text
+    // The tries a mask walks. trie: the text tokens (not special, not empty, not an end of turn: those follow
+    // complete()); inside a string, per plain class c - 1, rest: the text tokens not plain of it (the plain ones
+    // come from `plain`), long_plain: its plain tokens of plain_sets::k_steps code points or more (checked only
+    // when the room is not exact, in additional keys)
+    token_trie trie;
+    token_trie rest[k_plain_classes], long_plain[k_plain_classes];
+    plain_sets plain;  // json_plain / raw_plain ids as mask bits, by code points
     static std::shared_ptr<const token_table> build(const tokenizer& tok, int64_t n_valid, std::vector<int32_t> eos,
                                                     int32_t think_end);
+};
+
+// token_constraint::allow's bits: every id below n allowed (the rest of the words clear).
+void allow_all(uint32_t* words, int64_t n);
+
+// A recogniser that must also spell out a given text (the shortest completion, when the tokens left need it).
+template <class S>
+struct spelling {
+    S st;
+    const std::string* text = nullptr;
+    size_t pos = 0;
+    bool feed(char c) {
+        if (pos >= text->size() || (*text)[pos] != c) return false;
+        pos++;
+        return st.feed(c);
+    }
 };
 
 // A JSON prefix recogniser: feed() bytes one at a time; false when the text can no longer be the start of one
@@ -49,6 +75,11 @@ class json_prefix {
     bool complete() const { return stage_ == stage::done; }
     // The shortest text that completes the object from here ("" when complete).
     std::string closer() const;
+    // Inside a string (no escape or character under way) any json_plain token (see token_table) is fine, and
+    // leaves closer() as long as it was.
+    plain_info plain() const;
+    // Appends a text equal for two states that take the same bytes from here on (a mask cache's key).
+    void key(std::string* out) const;
 
   private:
     enum class stage : uint8_t { start, value, obj_first, arr_first, obj_key, colon, after_value, string, number, literal, done };
@@ -68,18 +99,41 @@ class json_prefix {
     uint8_t u8_need_ = 0, u8_lo_ = 0x80, u8_hi_ = 0xBF;
 };
 
+// Any text (what json_object_constraint checks its closer against: the closer alone).
+struct any_text {
+    bool feed(char) { return true; }
+};
+
 class json_object_constraint final : public token_constraint {
   public:
     json_object_constraint(std::shared_ptr<const token_table> t, bool thinking, int64_t reasoning_reserve);
     bool active() const override { return true; }
-    void mask(float* logits, int64_t n_valid, int64_t tokens_left) override;
+    void allow(uint32_t* words, int64_t n_valid, int64_t tokens_left) override;
     void accept(int32_t id) override;
+    void memoise(bool on) { memo_ = on; }  // off: every mask is walked (benchmarks of the walk alone)
 
   private:
     std::shared_ptr<const token_table> t_;
     bool reasoning_;
     int64_t reserve_;
     json_prefix json_;
+    // scratch of the mask walks, and their memo by state
+    trie_stack<json_prefix> walk_;
+    trie_stack<spelling<any_text>> spell_;
+    std::string closer_, key_;
+    std::vector<int32_t> walked_;
+    mask_cache cache_{k_mask_cache_bytes};
+    bool memo_ = true;
+};
+
+// A recogniser of "one of some texts, then anything" (prefix_constraint's walk): the sorted texts still
+// matching [lo, hi) after pos bytes, or free once one has been spelled out.
+struct prefix_state {
+    const std::vector<std::string>* texts = nullptr;
+    uint32_t lo = 0, hi = 0;
+    size_t pos = 0;
+    bool free = false;
+    bool feed(char c);
 };
 
 class prefix_constraint final : public token_constraint {
@@ -87,7 +141,7 @@ class prefix_constraint final : public token_constraint {
     prefix_constraint(std::shared_ptr<const token_table> t, bool thinking, int64_t reasoning_reserve,
                       std::vector<std::string> alternatives);
     bool active() const override { return !done_; }
-    void mask(float* logits, int64_t n_valid, int64_t tokens_left) override;
+    void allow(uint32_t* words, int64_t n_valid, int64_t tokens_left) override;
     void accept(int32_t id) override;
 
   private:
@@ -96,8 +150,10 @@ class prefix_constraint final : public token_constraint {
     bool reasoning_;
     int64_t reserve_;
     std::vector<std::string> alts_;
+    std::vector<std::string> sorted_;  // alts_ sorted (prefix_state)
     std::string so_far_;
     bool done_ = false;
+    trie_stack<prefix_state> walk_;
 };
 
 // What the content after reasoning may be: a JSON document of schema node json_root, and / or tool calls in the
@@ -150,9 +206,14 @@ class content_state {
     bool complete() const;  // the end of the turn may come now
     bool free() const { return phase_ == ph_free; }
     size_t closer(std::string* out) const;  // the shortest completion ("" when complete)
-    // Which plain-text tokens (see token_table) are fine here whatever their bytes: 0 none, 1 json_plain,
-    // 2 raw_plain, 3 both (a JSON string inside a tool parameter); *room: at most this many code points.
-    int plain_class(int64_t* room) const;
+    // Which plain-text tokens (see token_table) are fine here whatever their bytes: json_plain ones inside a
+    // JSON string, raw_plain ones inside a raw value, both inside a JSON string of a tool parameter or beside
+    // tools; but for those that could finish a tag under way in the last bytes (plain_info::except).
+    plain_info plain() const;
+    // Appends a text equal for two states (of one spec) that take the same bytes from here on and say the same to
+    // plain() (a mask cache's key; the shortest completion may differ): the fields the phase reads, counts past
+    // every limit that could still apply folded, of the raw tail only what could still become a tag.
+    void key(std::string* out) const;
 
   private:
     enum : uint8_t { ph_start, ph_lit, ph_name, ph_params, ph_pname, ph_sval, ph_senum, ph_jval, ph_after, ph_json,
@@ -185,10 +246,11 @@ class schema_constraint final : public token_constraint {
     schema_constraint(std::shared_ptr<const token_table> t, bool thinking, int64_t reasoning_reserve,
                       std::shared_ptr<const content_spec> spec);
     bool active() const override { return !done_ && !st_.free(); }
-    void mask(float* logits, int64_t n_valid, int64_t tokens_left) override;
+    void allow(uint32_t* words, int64_t n_valid, int64_t tokens_left) override;
     void accept(int32_t id) override;
     const content_state& state() const { return st_; }
     void set_state(const content_state& s) { st_ = s, reasoning_ = false; }  // for tests and benchmarks
+    void memoise(bool on) { memo_ = on; }  // off: every mask is walked (benchmarks of the walk alone)
 
   private:
     std::shared_ptr<const token_table> t_;
@@ -197,6 +259,13 @@ class schema_constraint final : public token_constraint {
     std::shared_ptr<const content_spec> spec_;
     content_state st_;
     bool done_ = false;
+    // scratch of the mask walks, and their memo by state
+    trie_stack<content_state> walk_;
+    trie_stack<spelling<content_state>> spell_;
+    std::string closer_, key_;
+    std::vector<int32_t> walked_;
+    mask_cache cache_{k_mask_cache_bytes};
+    bool memo_ = true;
 };
 
 }  // namespace tansy

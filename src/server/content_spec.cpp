@@ -26,6 +26,9 @@ bool tail_ends_with(const char* tail, size_t n, std::string_view tag) {
     return n >= tag.size() && std::string_view(tail + n - tag.size(), tag.size()) == tag;
 }
 
+// Every parser tag ends with one of these bytes: no tag can have just ended on another.
+bool ends_a_tag(char c) { return c == '>' || c == '='; }
+
 bool has_parser_tag(std::string_view s) {
     for (const char* t : k_parser_tags)
         if (s.find(t) != std::string_view::npos) return true;
@@ -345,23 +348,48 @@ size_t content_state::closer(std::string* out) const {
 
 bool content_state::complete() const { return phase_ == ph_after || (phase_ == ph_json && js_.accepting()); }
 
-int content_state::plain_class(int64_t* room) const {
-    *room = UINT32_MAX;
-    if (phase_ == ph_json) {
-        *room = js_.free_string_room();
-        if (!s_->tools.empty())  // "<tool_call>" may not be spelled (feed): plain tokens only without a '<' under way
-            return *room >= 0 && std::memchr(tail_, '<', tail_n_) == nullptr ? 3 : 0;
-        return *room >= 0 ? 1 : 0;
+namespace {
+
+// The partial tags under way at the end of a raw tail: each byte that would carry one of them further.
+void pending_tags(const char* tail, size_t n, std::initializer_list<std::string_view> tags, plain_info* p) {
+    for (std::string_view t : tags)
+        for (size_t k = std::min(n, t.size() - 1); k > 0; k--)
+            if (std::string_view(tail + n - k, k) == t.substr(0, k)) p->add_except((uint8_t)t[k]);
+}
+
+}  // namespace
+
+plain_info content_state::plain() const {
+    plain_info p;
+    switch (phase_) {
+        case ph_json:
+        case ph_jval:
+            p.room = js_.free_string_room(&p.exact, &p.bytes);
+            if (p.room < 0) return {};
+            if (phase_ == ph_json && s_->tools.empty()) {
+                p.cls = 1;
+                return p;
+            }
+            // with tools (or in a parameter) a tag may not be spelled: only tokens without '<', the rest walked
+            p.cls = 3;
+            if (phase_ == ph_json) pending_tags(tail_, tail_n_, {"<tool_call>"}, &p);
+            else pending_tags(tail_, tail_n_, {k_parser_tags[0], k_parser_tags[1], k_parser_tags[2], k_parser_tags[3]}, &p);
+            return p;
+        case ph_sval: {
+            if (u8_need_ != 0) return {};
+            // such a token ends no tag (no '<'), nor starts one (no newline at its end): all of it, and what
+            // "\n</parameter>" had matched, is content
+            const content_spec::param& pr = tool().params[(size_t)param_];
+            p.cls = 2;
+            p.room = pr.max_len == UINT32_MAX ? INT64_MAX : (int64_t)pr.max_len - (int64_t)chars_;
+            p.growth = m_;  // the closing tag, partly matched, starts over
+            if (chars_ >= pr.min_len) p.closer = k_value_tag.size() + 1 + tool_rest(next_, nullptr);
+            pending_tags(tail_, tail_n_, {k_value_tag, k_parser_tags[0], k_parser_tags[1], k_parser_tags[2],
+                                          k_parser_tags[3]}, &p);
+            return p;
+        }
+        default: return p;
     }
-    if (phase_ == ph_jval) {  // no parser tag may be under way either
-        *room = js_.free_string_room();
-        return *room >= 0 && std::memchr(tail_, '<', tail_n_) == nullptr ? 3 : 0;
-    }
-    if (phase_ == ph_sval && u8_need_ == 0 && m_ <= 1) {
-        const content_spec::param& pr = tool().params[(size_t)param_];
-        if (pr.min_len == 0 && pr.max_len == UINT32_MAX) return 2;
-    }
-    return 0;
 }
 
 bool content_state::begin_value() {
@@ -475,7 +503,8 @@ bool content_state::feed(char c) {
             push_tail(tail_, &tail_n_, c);
             m_ = 0;
             for (size_t k = std::min<size_t>(tail_n_, k_value_tag.size()); k > 0; k--)
-                if (std::string_view(tail_ + tail_n_ - k, k) == std::string_view(k_value_tag).substr(0, k)) {
+                if (tail_[tail_n_ - k] == k_value_tag[0] &&
+                    std::string_view(tail_ + tail_n_ - k, k) == std::string_view(k_value_tag).substr(0, k)) {
                     m_ = (uint8_t)k;
                     break;
                 }
@@ -485,8 +514,9 @@ bool content_state::feed(char c) {
                 lit_ = &k_param_close, pos_ = (uint16_t)k_value_tag.size(), lit_next_ = ph_params, phase_ = ph_lit;
                 return true;
             }
-            for (const char* tag : k_parser_tags)
-                if (tail_ends_with(tail_, tail_n_, tag)) return false;
+            if (ends_a_tag(c))
+                for (const char* tag : k_parser_tags)
+                    if (tail_ends_with(tail_, tail_n_, tag)) return false;
             return chars_ - m_ <= pr.max_len;
         }
         case ph_jval: {
@@ -499,8 +529,9 @@ bool content_state::feed(char c) {
             }
             if (r != schema_state::result::ok) return false;
             push_tail(tail_, &tail_n_, c);
-            for (const char* tag : k_parser_tags)
-                if (tail_ends_with(tail_, tail_n_, tag)) return false;
+            if (ends_a_tag(c))
+                for (const char* tag : k_parser_tags)
+                    if (tail_ends_with(tail_, tail_n_, tag)) return false;
             return true;
         }
         case ph_after:
@@ -513,7 +544,7 @@ bool content_state::feed(char c) {
             if (js_.feed(c) != schema_state::result::ok) return false;
             if (!s_->tools.empty()) {  // with tools offered, the parser would take "<tool_call>" in a string for a call
                 push_tail(tail_, &tail_n_, c);
-                if (tail_ends_with(tail_, tail_n_, "<tool_call>")) return false;
+                if (c == '>' && tail_ends_with(tail_, tail_n_, "<tool_call>")) return false;
             }
             return true;
         case ph_free: return true;
@@ -525,6 +556,64 @@ bool content_state::feed(std::string_view s) {
     for (char c : s)
         if (!feed(c)) return false;
     return true;
+}
+
+namespace {
+
+template <class T>
+void put_raw(std::string* out, T v) {
+    out->append((const char*)&v, sizeof v);
+}
+
+// The longest end of a raw tail that is the start of one of the tags (what a later byte could complete into
+// one; the rest of the tail can no longer matter).
+size_t live_tail(const char* tail, size_t n, std::initializer_list<std::string_view> tags) {
+    for (size_t k = n; k > 0; k--)
+        for (std::string_view t : tags)
+            if (k < t.size() && std::string_view(tail + n - k, k) == t.substr(0, k)) return k;
+    return 0;
+}
+
+}  // namespace
+
+void content_state::key(std::string* out) const {
+    put_raw(out, phase_);
+    if (phase_ == ph_start) return put_raw(out, ws_);
+    if (phase_ == ph_json || phase_ == ph_jval) js_.key(out);
+    if (phase_ == ph_json) {
+        if (s_->tools.empty()) return;
+        const size_t k = live_tail(tail_, tail_n_, {"<tool_call>"});
+        out->append(tail_ + tail_n_ - k, k);
+        return;
+    }
+    // a tool call: which tool and parameter, what may still come, how many calls so far
+    put_raw(out, tool_), put_raw(out, param_), put_raw(out, next_), put_raw(out, calls_);
+    switch (phase_) {
+        case ph_lit: put_raw(out, lit_), put_raw(out, pos_), put_raw(out, lit_next_); break;
+        case ph_name:
+        case ph_params:
+        case ph_pname:
+        case ph_senum: put_raw(out, texts_), put_raw(out, lo_), put_raw(out, hi_), put_raw(out, pos_); break;
+        case ph_sval: {
+            const content_spec::param& pr = tool().params[(size_t)param_];
+            // with no maxLength, the length only matters until minLength is reached (a partly matched
+            // "\n</parameter>" is not content yet)
+            put_raw(out, pr.max_len == UINT32_MAX ? std::min<uint32_t>(chars_ - m_, pr.min_len) : chars_);
+            put_raw(out, m_), put_raw(out, u8_need_);
+            if (u8_need_) put_raw(out, u8_lo_), put_raw(out, u8_hi_);
+            const size_t k = live_tail(tail_, tail_n_, {k_value_tag, k_parser_tags[0], k_parser_tags[1],
+                                                        k_parser_tags[2], k_parser_tags[3]});
+            out->append(tail_ + tail_n_ - k, k);
+            break;
+        }
+        case ph_jval: {
+            const size_t k = live_tail(tail_, tail_n_, {k_parser_tags[0], k_parser_tags[1], k_parser_tags[2],
+                                                        k_parser_tags[3]});
+            out->append(tail_ + tail_n_ - k, k);
+            break;
+        }
+        default: break;  // ph_after: the calls so far; ph_free: nothing constrains
+    }
 }
 
 }  // namespace tansy

@@ -196,4 +196,23 @@ std::string json_prefix::closer() const {
     return out;
 }
 
+plain_info json_prefix::plain() const {
+    plain_info p;
+    if (stage_ != stage::string || esc_ != 0 || u8_need_ != 0) return p;
+    p.cls = 1;
+    p.room = INT64_MAX;
+    return p;
+}
+
+void json_prefix::key(std::string* out) const {
+    const uint8_t lit = stage_ != stage::literal ? 0 : lit_[0] == 't' ? 1 : lit_[0] == 'f' ? 2 : 3;
+    const uint8_t f[] = {(uint8_t)stage_, ws_run_, (uint8_t)(stage_ == stage::string ? key_ : 0),
+                         (uint8_t)(stage_ == stage::string ? esc_ : 0), (uint8_t)(stage_ == stage::string ? u8_need_ : 0),
+                         (uint8_t)(u8_need_ && stage_ == stage::string ? u8_lo_ : 0),
+                         (uint8_t)(u8_need_ && stage_ == stage::string ? u8_hi_ : 0),
+                         (uint8_t)(stage_ == stage::number ? num_ : 0), lit, (uint8_t)(lit ? lit_pos_ : 0)};
+    out->append((const char*)f, sizeof f);
+    out->append(stack_);
+}
+
 }  // namespace tansy

@@ -493,6 +493,19 @@ schema_state::schema_state(const schema_program* p, int root) : p_(p) {
     a.stack.reserve(8);
     start_value(a, root);
     alts_.push_back(std::move(a));
+    n_ = 1;
+}
+
+schema_state::schema_state(const schema_state& o)
+    : p_(o.p_), alts_(o.alts_.begin(), o.alts_.begin() + o.n_), n_(o.n_), started_(o.started_) {}
+
+// Copies the live alternatives into this state's own (their stacks' buffers reused: no allocation once warm).
+schema_state& schema_state::operator=(const schema_state& o) {
+    if (this == &o) return *this;
+    p_ = o.p_, n_ = o.n_, started_ = o.started_;
+    if (alts_.size() < n_) alts_.resize(n_);
+    for (size_t i = 0; i < n_; i++) alts_[i] = o.alts_[i];
+    return *this;
 }
 
 schema_state::result schema_state::feed(char c) {
@@ -501,19 +514,23 @@ schema_state::result schema_state::feed(char c) {
     const ctx x{p_, &forks};
     size_t w = 0;
     bool ended = false;
-    for (size_t i = 0; i < alts_.size(); i++) {
+    for (size_t i = 0; i < n_; i++) {
         const result r = feed_alt(x, alts_[i], c);
         if (r == result::ok) {
-            if (w != i) alts_[w] = std::move(alts_[i]);
+            if (w != i) std::swap(alts_[w], alts_[i]);
             w++;
         } else if (r == result::ended) {
             ended = true;
         }
     }
-    alts_.resize(w);
-    for (schema_alt& f : forks)
-        if (alts_.size() < k_max_alts) alts_.push_back(std::move(f));
-    if (!alts_.empty()) return result::ok;
+    n_ = (uint8_t)w;
+    for (schema_alt& f : forks) {
+        if (n_ >= k_max_alts) break;
+        if (alts_.size() == n_) alts_.push_back(std::move(f));
+        else alts_[n_] = std::move(f);
+        n_++;
+    }
+    if (n_ > 0) return result::ok;
     return ended ? result::ended : result::fail;
 }
 
@@ -524,7 +541,8 @@ bool schema_state::feed(std::string_view s) {
 }
 
 bool schema_state::accepting() const {
-    for (const schema_alt& a : alts_) {
+    for (size_t i = 0; i < n_; i++) {
+        const schema_alt& a = alts_[i];
         if (a.stack.empty()) return true;
         if (a.stack.size() != 1) continue;
         const schema_frame& f = a.stack.back();
@@ -535,15 +553,15 @@ bool schema_state::accepting() const {
 }
 
 bool schema_state::finished() const {
-    for (const schema_alt& a : alts_)
-        if (!a.stack.empty()) return false;
-    return !alts_.empty();
+    for (size_t i = 0; i < n_; i++)
+        if (!alts_[i].stack.empty()) return false;
+    return n_ > 0;
 }
 
 size_t schema_state::closer(std::string* out) const {
     size_t best = SIZE_MAX;
     size_t which = 0;
-    for (size_t i = 0; i < alts_.size(); i++) {
+    for (size_t i = 0; i < n_; i++) {
         const size_t n = close_alt(*p_, alts_[i], nullptr);
         if (n < best) best = n, which = i;
     }
@@ -552,14 +570,66 @@ size_t schema_state::closer(std::string* out) const {
     return best;
 }
 
-int64_t schema_state::free_string_room() const {
-    if (alts_.size() != 1 || alts_[0].stack.empty()) return -1;
+int64_t schema_state::free_string_room(bool* exact, bool* bytes) const {
+    *exact = false, *bytes = false;
+    if (n_ != 1 || alts_[0].stack.empty()) return -1;
     const schema_frame& f = alts_[0].stack.back();
-    if (f.kind == k_key && f.lo == f.hi && f.flags && f.u8_need == 0)  // an additional key, no listed one left
-        return ((int64_t)k_max_key - (int64_t)f.count) / 4;            // (count is in bytes there)
+    if (f.kind == k_key && f.lo == f.hi && f.flags && f.u8_need == 0) {  // an additional key, no listed one left
+        *bytes = true;
+        return (int64_t)k_max_key - (int64_t)f.count;
+    }
     if (f.kind != k_str || f.esc != 0 || f.u8_need != 0) return -1;
+    *exact = true;
     const schema_node& n = p_->node(f.node);
     return n.max_len == UINT32_MAX ? (int64_t)UINT32_MAX : (int64_t)n.max_len - (int64_t)f.count;
+}
+
+namespace {
+
+template <class T>
+void put_raw(std::string* out, T v) {
+    out->append((const char*)&v, sizeof v);
+}
+
+}  // namespace
+
+void schema_state::key(std::string* out) const {
+    put_raw(out, started_);
+    put_raw(out, n_);
+    for (size_t i = 0; i < n_; i++) {
+        const schema_alt& a = alts_[i];
+        put_raw(out, a.ws);
+        put_raw(out, (uint16_t)a.stack.size());
+        for (const schema_frame& f : a.stack) {
+            const schema_node& n = p_->node(f.node);
+            put_raw(out, f.kind);
+            put_raw(out, f.node);
+            switch (f.kind) {
+                case k_obj: put_raw(out, f.st), put_raw(out, f.next), put_raw(out, f.cur); break;
+                case k_arr: {
+                    // past the prefix items and minItems, with no maxItems, every further item reads alike
+                    const uint32_t settled = std::max<uint32_t>((uint32_t)n.prefix.size(), n.min_items);
+                    put_raw(out, f.st);
+                    put_raw(out, n.max_items == UINT32_MAX ? std::min(f.count, settled) : f.count);
+                    break;
+                }
+                case k_str:
+                    // with no maxLength, the length only matters until minLength is reached
+                    put_raw(out, n.max_len == UINT32_MAX ? std::min(f.count, n.min_len) : f.count);
+                    put_raw(out, f.esc), put_raw(out, f.u8_need);
+                    if (f.u8_need) put_raw(out, f.u8_lo), put_raw(out, f.u8_hi);
+                    break;
+                case k_num: put_raw(out, f.st), put_raw(out, f.count), put_raw(out, f.flags); break;
+                case k_lit: put_raw(out, f.texts), put_raw(out, f.lo), put_raw(out, f.hi), put_raw(out, f.pos); break;
+                case k_key:
+                    put_raw(out, f.lo), put_raw(out, f.hi), put_raw(out, f.pos), put_raw(out, f.flags), put_raw(out, f.count);
+                    put_raw(out, f.u8_need);
+                    if (f.u8_need) put_raw(out, f.u8_lo), put_raw(out, f.u8_hi);
+                    break;
+                default: break;  // k_value: its node alone
+            }
+        }
+    }
 }
 
 }  // namespace tansy

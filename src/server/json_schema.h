@@ -126,6 +126,15 @@ class schema_state {
   public:
     schema_state() = default;
     schema_state(const schema_program* p, int root);
+    schema_state(const schema_state& o);
+    schema_state& operator=(const schema_state& o);
+    schema_state(schema_state&& o) noexcept
+        : p_(o.p_), alts_(std::move(o.alts_)), n_(o.n_), started_(o.started_) { o.n_ = 0; }
+    schema_state& operator=(schema_state&& o) noexcept {
+        p_ = o.p_, alts_ = std::move(o.alts_), n_ = o.n_, started_ = o.started_;
+        o.n_ = 0;
+        return *this;
+    }
     enum class result : uint8_t { fail, ok, ended };  // ended: the value was complete before c (c not consumed)
     result feed(char c);
     bool feed(std::string_view s);  // all bytes consumed
@@ -137,12 +146,19 @@ class schema_state {
     bool started() const { return started_; }
     // Inside a string (a single alternative, after a complete character, no escape pending): how many more code
     // points of plain string text may come (UINT32_MAX: any); -1 when not in such a string. Tokens of plain text
-    // that fit pass without a walk.
-    int64_t free_string_room() const;
+    // that fit pass without a walk. *exact: longer plain text is refused. In an additional key the limit is in
+    // bytes (*bytes set): plain text of at most room bytes fits, longer text may (its last character may start
+    // inside the room).
+    int64_t free_string_room(bool* exact, bool* bytes) const;
+    // Appends a text that is equal for two states (of one program) that take the same bytes from here on: the
+    // fields each frame reads, with counts past every limit that could still apply folded (a mask cache's key;
+    // the shortest completion may differ).
+    void key(std::string* out) const;
 
   private:
     const schema_program* p_ = nullptr;
-    std::vector<schema_alt> alts_;
+    std::vector<schema_alt> alts_;  // [0, n_): the live alternatives; the rest keep their buffers for reuse
+    uint8_t n_ = 0;
     bool started_ = false;
 };
 

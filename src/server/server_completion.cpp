@@ -22,9 +22,10 @@ class ban_constraint final : public token_constraint {
   public:
     explicit ban_constraint(std::vector<int32_t> ids) : ids_(std::move(ids)) {}
     bool active() const override { return true; }
-    void mask(float* logits, int64_t n_valid, int64_t) override {
+    void allow(uint32_t* words, int64_t n_valid, int64_t) override {
+        allow_all(words, n_valid);
         for (int32_t id : ids_)
-            if (id >= 0 && id < n_valid) logits[id] = -std::numeric_limits<float>::infinity();
+            if (id >= 0 && id < n_valid) words[id / 32] &= ~(1u << (id % 32));
     }
     void accept(int32_t) override {}
 

@@ -4,13 +4,16 @@
 // validator of the subset (and, for tool calls, through the output parser). Also measures the mask's cost.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <random>
 
 #include "runtime/output_parser.h"
 #include "runtime/text_engine.h"
 #include "server/constraints.h"
 #include "server/json_schema.h"
+#include "mask_reference.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -269,10 +272,11 @@ std::string generate(token_constraint& c, const token_table& t, int64_t max_toke
     std::string out;
     *ended = false;
     std::vector<float> logits((size_t)n);
+    std::vector<uint32_t> words;
     for (int64_t k = 0; k < max_tokens; k++) {
         for (float& x : logits) x = nd(rng);
         const auto t0 = std::chrono::steady_clock::now();
-        if (c.active()) c.mask(logits.data(), n, max_tokens - k);
+        if (c.active()) c.mask(logits.data(), n, max_tokens - k, words);
         if (mask_ms && c.active())
             mask_ms->push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
         const int32_t id = (int32_t)(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -406,8 +410,9 @@ TEST(json_schema, tools_and_a_response_format_allow_either) {
     ASSERT_EQ(t->bytes[(size_t)call], "<tool_call>") << "the tool-call tag is sampleable text";
     const int64_t n = (int64_t)t->bytes.size();
     std::vector<float> logits((size_t)n, 0.0f);
+    std::vector<uint32_t> words;
     schema_constraint c(t, false, 8, spec);
-    c.mask(logits.data(), n, 100);
+    c.mask(logits.data(), n, 100, words);
     EXPECT_NE(logits[(size_t)call], -INFINITY) << "a tool call may come";
     const int32_t brace = tiny().tok().find("{");
     if (brace >= 0) {
@@ -433,7 +438,7 @@ TEST(json_schema, tools_and_a_response_format_allow_either) {
     auto js = build_content_spec(&s, false, demo_tools(), "", false, true);
     schema_constraint j(t, false, 8, js);
     std::fill(logits.begin(), logits.end(), 0.0f);
-    j.mask(logits.data(), n, 100);
+    j.mask(logits.data(), n, 100, words);
     EXPECT_EQ(logits[(size_t)call], -INFINITY);
 }
 
@@ -466,8 +471,15 @@ TEST(json_schema, strict_tools_with_unsupported_keywords_are_refused) {
     EXPECT_TRUE(spec->tools[2].free) << "a schema outside the subset leaves that tool unconstrained";
 }
 
-// The per-step mask cost over a whole vocabulary, by state (reported; the bound is loose, for slow CI).
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The per-step mask cost over a whole vocabulary, by state: the trie walk (best and median of repeated steps)
+// against the per-token definition it replaced (reported; the bound is loose, for slow CI).
 void mask_costs(std::shared_ptr<const token_table> t) {
+    constexpr int k_old_reps = 3;   // the per-token walk: slow, its best of a few
+    constexpr int k_new_reps = 21;  // the trie walk: fast, so timer noise matters; median of many
     const int64_t n = (int64_t)t->bytes.size();
     const ojson s = ojson::parse(R"({"type": "object", "properties": {"answer": {"type": "string"},
         "n": {"type": "integer"}, "items": {"type": "array", "items": {"type": "string", "maxLength": 40}}},
@@ -495,23 +507,123 @@ void mask_costs(std::shared_ptr<const token_table> t) {
         {"json tool value", tools, "<tool_call>\n<function=note>\n<parameter=text>\nx\n</parameter>\n<parameter=tags>\n[\"a", 1000},
     };
     std::vector<float> logits((size_t)n);
+    std::vector<uint32_t> words((size_t)mask_words(n));
     for (const probe& p : probes) {
         content_state st(p.spec.get());
         ASSERT_TRUE(st.feed(p.prefix)) << p.prefix;
-        double best = 1e9;
-        for (int rep = 0; rep < 5; rep++) {
-            schema_constraint c(t, false, 8, p.spec);
-            c.set_state(st);
-            std::fill(logits.begin(), logits.end(), 0.0f);
+        // the per-token definition, as the scheduler used it: a row of zeros masked, then turned into bits
+        double old_ms = 1e9;
+        std::vector<uint32_t> old_bits;
+        for (int rep = 0; rep < k_old_reps; rep++) {
             const auto t0 = std::chrono::steady_clock::now();
-            c.mask(logits.data(), n, p.tokens_left);
-            best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            std::fill(logits.begin(), logits.end(), 0.0f);
+            reference::schema_mask(*t, st, logits.data(), n, p.tokens_left);
+            old_bits = reference::bits_of(logits, n);
+            old_ms = std::min(old_ms, ms_since(t0));
         }
-        const int64_t allowed = std::count_if(logits.begin(), logits.end(), [](float x) { return x != -INFINITY; });
-        std::printf("mask %-17s %7.2f ms, %6lld of %lld ids allowed\n", p.name, best, (long long)allowed, (long long)n);
-        EXPECT_LT(best, 2000.0);
+        // the trie walk into bits, repeated on one constraint (its walk buffers warm, as between steps): without
+        // the memo, then with it (its first mask fills it)
+        schema_constraint c(t, false, 8, p.spec);
+        c.set_state(st);
+        c.memoise(false);
+        std::vector<double> walk, hit;
+        for (int rep = 0; rep < k_new_reps; rep++) {
+            const auto t0 = std::chrono::steady_clock::now();
+            c.allow(words.data(), n, p.tokens_left);
+            walk.push_back(ms_since(t0));
+        }
+        EXPECT_EQ(words, old_bits) << p.name << " (walk)";
+        c.memoise(true);
+        c.allow(words.data(), n, p.tokens_left);
+        for (int rep = 0; rep < k_new_reps; rep++) {
+            const auto t0 = std::chrono::steady_clock::now();
+            c.allow(words.data(), n, p.tokens_left);
+            hit.push_back(ms_since(t0));
+        }
+        std::sort(walk.begin(), walk.end());
+        std::sort(hit.begin(), hit.end());
+        int64_t allowed = 0;
+        for (uint32_t w : words) allowed += __builtin_popcount(w);
+        std::printf("mask %-17s walk %6.3f ms, memo %6.3f ms (medians), per-token %6.3f ms, %6lld of %lld ids allowed\n",
+                    p.name, walk[walk.size() / 2], hit[hit.size() / 2], old_ms, (long long)allowed, (long long)n);
+        EXPECT_EQ(words, old_bits) << p.name;
+        EXPECT_LT(walk[0], 2000.0);
         EXPECT_GT(allowed, 0);
     }
+}
+
+// The mask's cost per step over whole constrained generations (each step a random allowed token, as the argmax
+// of random logits picks), with the memo and without (the same tokens come either way): what a constrained row
+// adds between its steps.
+void generation_mask_costs(std::shared_ptr<const token_table> t) {
+    constexpr int64_t k_tokens = 200;  // a typical structured answer's length
+    const int64_t n = (int64_t)t->bytes.size();
+    const ojson s = ojson::parse(R"({"type": "object", "properties": {"answer": {"type": "string"},
+        "n": {"type": "integer"}, "items": {"type": "array", "items": {"type": "object", "properties":
+        {"name": {"type": "string", "maxLength": 40}, "score": {"type": "number"}}, "required": ["name", "score"]}}},
+        "required": ["answer", "n", "items"]})");
+    const ojson any_object = {{"type", "object"}, {"additionalProperties", true}};
+    auto schema = [&](std::shared_ptr<const content_spec> spec) {
+        return [t, spec](bool memo) -> std::unique_ptr<token_constraint> {
+            auto c = std::make_unique<schema_constraint>(t, false, 8, spec);
+            c->memoise(memo);
+            return c;
+        };
+    };
+    using maker = std::function<std::unique_ptr<token_constraint>(bool)>;
+    const std::vector<std::pair<const char*, maker>> cases = {
+        {"json_schema", schema(build_content_spec(&s, false, nullptr, "", false, true))},
+        {"any object", schema(build_content_spec(&any_object, false, nullptr, "", false, true))},
+        {"tool calls", schema(build_content_spec(nullptr, false, demo_tools(), "", true, true))},
+        {"json_object", [t](bool memo) -> std::unique_ptr<token_constraint> {
+             auto c = std::make_unique<json_object_constraint>(t, false, 8);
+             c->memoise(memo);
+             return c;
+         }},
+    };
+    std::vector<uint32_t> words((size_t)mask_words(n));
+    for (const auto& [name, make] : cases) {
+        std::vector<int32_t> ids[2];
+        for (int memo = 1; memo >= 0; memo--) {
+            std::vector<double> ms;
+            for (uint32_t seed = 0; seed < 3; seed++) {
+                std::mt19937 rng(seed);
+                const std::unique_ptr<token_constraint> made = make(memo);
+                token_constraint& c = *made;
+                for (int64_t k = 0; k < k_tokens && c.active(); k++) {
+                    const auto t0 = std::chrono::steady_clock::now();
+                    c.allow(words.data(), n, k_tokens - k);
+                    ms.push_back(ms_since(t0));
+                    // the argmax of random logits over the allowed ids: one of them, uniformly
+                    int64_t allowed = 0;
+                    for (uint32_t w : words) allowed += __builtin_popcount(w);
+                    int64_t r = (int64_t)(rng() % (uint64_t)allowed);
+                    int32_t best = -1;
+                    for (int64_t v = 0; best < 0; v++)
+                        if ((words[(size_t)(v / 32)] >> (v % 32) & 1u) && r-- == 0) best = (int32_t)v;
+                    c.accept(best);
+                    ids[memo].push_back(best);
+                    if (std::find(t->eos.begin(), t->eos.end(), best) != t->eos.end()) break;
+                }
+            }
+            std::vector<double> sorted = ms;
+            std::sort(sorted.begin(), sorted.end());
+            double sum = 0;
+            for (double x : ms) sum += x;
+            std::printf("mask per step, %-11s memo %-3s: mean %6.3f ms, median %6.3f, p90 %6.3f, max %6.3f over %zu steps\n",
+                        name, memo ? "on" : "off", sum / (double)ms.size(), sorted[sorted.size() / 2],
+                        sorted[sorted.size() * 9 / 10], sorted.back(), ms.size());
+        }
+        EXPECT_EQ(ids[0], ids[1]) << name << ": the memo changed a mask";
+    }
+}
+
+TEST(json_schema, mask_cost_per_generation_qwen3_vocab) {
+    TANSY_REQUIRE_FIXTURE(path, "tokenizers/qwen3/tokenizer.json");
+    const tokenizer tok = tokenizer::load(path);
+    std::vector<int32_t> eos;
+    if (tok.find("<|im_end|>") >= 0) eos.push_back(tok.find("<|im_end|>"));
+    generation_mask_costs(token_table::build(tok, tok.size(), eos, tok.find("</think>")));
 }
 
 TEST(json_schema, mask_cost_per_step_tiny_vocab) {

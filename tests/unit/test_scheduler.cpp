@@ -558,9 +558,10 @@ void expect_device_adjust_equals_host(text_engine& te) {
 class rotating_constraint final : public token_constraint {
   public:
     bool active() const override { return true; }
-    void mask(float* logits, int64_t n_valid, int64_t) override {
+    void allow(uint32_t* words, int64_t n_valid, int64_t) override {
+        std::fill(words, words + mask_words(n_valid), 0u);
         for (int64_t v = 0; v < n_valid; v++)
-            if ((v + taken_) % 3 == 0) logits[v] = -std::numeric_limits<float>::infinity();
+            if ((v + taken_) % 3 != 0) words[v / 32] |= 1u << (v % 32);
     }
     void accept(int32_t id) override {
         EXPECT_NE((id + taken_) % 3, 0) << "a masked id was picked";

@@ -275,8 +275,9 @@ std::string constrained_generation(token_constraint& c, const token_table& t, in
     *ended = false;
     for (int64_t k = 0; k < max_tokens; k++) {
         std::vector<float> logits((size_t)n);
+        std::vector<uint32_t> words;
         for (float& x : logits) x = nd(rng);
-        if (c.active()) c.mask(logits.data(), n, max_tokens - k);
+        if (c.active()) c.mask(logits.data(), n, max_tokens - k, words);
         const int32_t id = (int32_t)(std::max_element(logits.begin(), logits.end()) - logits.begin());
         c.accept(id);
         if (std::find(t.eos.begin(), t.eos.end(), id) != t.eos.end()) {
