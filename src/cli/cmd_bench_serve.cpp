@@ -83,9 +83,18 @@ struct serve_row {
     double agg_tok_s = 0, per_stream_tok_s = 0;
     double itl_ms_p50 = 0, itl_ms_p99 = 0, ttft_ms_p50 = 0, ttft_ms_p99 = 0;
     double engine_tok_s = 0;
+    double round_tok_s = 0;  // the engine's own figures composed for this round's work (round_tok_s below)
     int64_t tokens = 0, prompt_tokens = 0;  // completion tokens of the round; mean prompt tokens per stream
     double wall_s = 0;
 };
+
+// What the engine alone does with a round's work, from its measured rates: C prompts of P tokens prefilled at
+// its prefill rate, then N decode steps at batch C, nothing overlapped. (The scheduler may overlap the two a
+// little in mixed steps.) A served aggregate near it means the server costs nothing on top of the engine.
+double round_tok_s(int64_t C, int64_t P, int64_t N, double prefill_tok_s, double engine_tok_s) {
+    if (prefill_tok_s <= 0 || engine_tok_s <= 0) return 0;
+    return (double)(C * N) / ((double)(C * P) / prefill_tok_s + (double)(C * N) / engine_tok_s);
+}
 
 serve_row summarise(const round_result& r, int64_t C, const std::string& sampling, double engine_tok_s) {
     serve_row row;
@@ -126,7 +135,8 @@ void check_round(const round_result& r, int64_t max_tokens, const char* what) {
 // C streams at once per concurrency and sampling mode, each prompt its own text.
 std::vector<serve_row> run_rounds(int port, const prompt_maker& prompts, const std::vector<int64_t>& concurrency,
                                   const std::vector<sampling_mode>& modes, int64_t prompt_tokens, int64_t max_tokens,
-                                  const std::map<std::pair<int64_t, std::string>, double>& engine_tok_s) {
+                                  const std::map<std::pair<int64_t, std::string>, double>& engine_tok_s,
+                                  double prefill_tok_s) {
     std::vector<serve_row> rows;
     uint64_t round_no = 0;
     for (int64_t C : concurrency) {
@@ -142,12 +152,13 @@ std::vector<serve_row> run_rounds(int port, const prompt_maker& prompts, const s
             const round_result r = run_round("127.0.0.1", port, "/v1/chat/completions", bodies);
             check_round(r, max_tokens, label.c_str());
             rows.push_back(summarise(r, C, m.name, engine_tok_s.at({C, m.name})));
-            const serve_row& x = rows.back();
+            serve_row& x = rows.back();
+            x.round_tok_s = round_tok_s(C, x.prompt_tokens, max_tokens, prefill_tok_s, x.engine_tok_s);
             fprintf(stderr,
-                    "  %-24s %9.1f tok/s (engine %9.1f)  stream %7.1f tok/s  itl p50 %7.2f ms p99 %7.2f ms  ttft p50 %8.1f ms "
-                    "p99 %8.1f ms  (%lld tokens in %.2f s, prompts %lld tokens)\n",
-                    label.c_str(), x.agg_tok_s, x.engine_tok_s, x.per_stream_tok_s, x.itl_ms_p50, x.itl_ms_p99, x.ttft_ms_p50,
-                    x.ttft_ms_p99, (long long)x.tokens, x.wall_s, (long long)x.prompt_tokens);
+                    "  %-24s %9.1f tok/s (engine %9.1f, round %9.1f)  stream %7.1f tok/s  itl p50 %7.2f ms p99 %7.2f ms  "
+                    "ttft p50 %8.1f ms p99 %8.1f ms  (%lld tokens in %.2f s, prompts %lld tokens)\n",
+                    label.c_str(), x.agg_tok_s, x.engine_tok_s, x.round_tok_s, x.per_stream_tok_s, x.itl_ms_p50,
+                    x.itl_ms_p99, x.ttft_ms_p50, x.ttft_ms_p99, (long long)x.tokens, x.wall_s, (long long)x.prompt_tokens);
         }
     }
     return rows;
@@ -175,15 +186,18 @@ int64_t positive(const arg_parser& p, const char* name, int64_t dflt) {
 }
 
 std::string rounds_table(const std::vector<serve_row>& rows, int64_t prompt_tokens, int64_t max_tokens) {
-    std::string t = strprintf("%11s %8s %10s %16s %10s %10s %11s %11s %12s %8s\n", "concurrency", "sampling", "agg_tok_s",
-                              "per_stream_tok_s", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50", "ttft_ms_p99",
-                              "engine_tok_s", "%engine");
+    auto pct = [](double a, double b) { return b > 0 ? 100 * a / b : 0.0; };
+    std::string t = strprintf("%11s %8s %10s %16s %10s %10s %11s %11s %12s %8s %11s %7s\n", "concurrency", "sampling",
+                              "agg_tok_s", "per_stream_tok_s", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50", "ttft_ms_p99",
+                              "engine_tok_s", "%engine", "round_tok_s", "%round");
     for (const serve_row& r : rows)
-        t += strprintf("%11lld %8s %10.1f %16.1f %10.2f %10.2f %11.1f %11.1f %12.1f %7.1f%%\n", (long long)r.concurrency,
-                       r.sampling.c_str(), r.agg_tok_s, r.per_stream_tok_s, r.itl_ms_p50, r.itl_ms_p99, r.ttft_ms_p50,
-                       r.ttft_ms_p99, r.engine_tok_s, r.engine_tok_s > 0 ? 100 * r.agg_tok_s / r.engine_tok_s : 0.0);
+        t += strprintf("%11lld %8s %10.1f %16.1f %10.2f %10.2f %11.1f %11.1f %12.1f %7.1f%% %11.1f %6.1f%%\n",
+                       (long long)r.concurrency, r.sampling.c_str(), r.agg_tok_s, r.per_stream_tok_s, r.itl_ms_p50,
+                       r.itl_ms_p99, r.ttft_ms_p50, r.ttft_ms_p99, r.engine_tok_s, pct(r.agg_tok_s, r.engine_tok_s),
+                       r.round_tok_s, pct(r.agg_tok_s, r.round_tok_s));
     t += strprintf("prompts of %lld tokens, %lld completion tokens per stream; engine_tok_s: tansy bench's decode at batch "
-                   "C and context %lld\n", (long long)prompt_tokens, (long long)max_tokens, (long long)prompt_tokens);
+                   "C and context %lld; round_tok_s: the engine's prefill and decode rates composed for the round's work\n",
+                   (long long)prompt_tokens, (long long)max_tokens, (long long)prompt_tokens);
     return t;
 }
 
@@ -199,6 +213,7 @@ nlohmann::ordered_json rounds_json(const std::vector<serve_row>& rows) {
                      {"ttft_ms_p50", r.ttft_ms_p50},
                      {"ttft_ms_p99", r.ttft_ms_p99},
                      {"engine_tok_s", r.engine_tok_s},
+                     {"round_tok_s", r.round_tok_s},
                      {"completion_tokens", r.tokens},
                      {"wall_s", r.wall_s}});
     return a;
@@ -229,7 +244,11 @@ int cmd_bench_serve(int argc, char** argv) {
                  "  ttft_ms_p50/p99   request sent -> first text event (includes waiting and prefill)\n"
                  "  engine_tok_s      tansy bench's decode rate of the server's engine at batch C and context\n"
                  "                    --prompt-tokens with the round's sampling, measured before serving: the\n"
-                 "                    ceiling agg_tok_s tends to\n"
+                 "                    ceiling agg_tok_s tends to in decode\n"
+                 "  round_tok_s       the engine's own figures composed for the round's work: C prompts at its\n"
+                 "                    prefill rate for --prompt-tokens (measured before serving), then\n"
+                 "                    --max-tokens steps at engine_tok_s: C x N / (C x P / prefill + C x N /\n"
+                 "                    engine_tok_s); what the server would give if it cost nothing on top\n"
                  "Token counts come from the usage chunk (stream_options.include_usage). Progress goes to stderr.\n"
                  "\n"
                  "Those are the rounds (--scenario rounds, the default). Other scenarios, in the order listed, on the\n"
@@ -358,11 +377,16 @@ int cmd_bench_serve(int argc, char** argv) {
                     m.name.c_str(), b.tok_s);
         }
     bo.sampling = sampling_params{};
-    double prefill_tok_s = 0;
+    double prefill_tok_s = 0, round_prefill_tok_s = 0;
     if (chosen("burst")) {
         const prefill_point pp = bench_prefill(eng, sc.burst_tokens, bo);
         prefill_tok_s = pp.tok_s;
         fprintf(stderr, "  engine: prefill of %lld tokens: %9.1f tok/s\n", (long long)sc.burst_tokens, pp.tok_s);
+    }
+    if (rounds) {
+        const prefill_point pp = bench_prefill(eng, prompt_tokens, bo);
+        round_prefill_tok_s = pp.tok_s;
+        fprintf(stderr, "  engine: prefill of %lld tokens: %9.1f tok/s\n", (long long)prompt_tokens, pp.tok_s);
     }
 
     warm_up(srv->port(), prompts, prompt_tokens, max_tokens, modes[0]);
@@ -376,7 +400,9 @@ int cmd_bench_serve(int argc, char** argv) {
         if (s == "agent") reports.push_back(run_agent(target, sc));
         if (s == "burst") reports.push_back(run_burst(target, sc, prefill_tok_s));
         if (s == "cache-decode") cache_on = measure_decode(target, sc, "cache on");
-        if (s == "rounds") rows = run_rounds(srv->port(), prompts, concurrency, modes, prompt_tokens, max_tokens, engine_tok_s);
+        if (s == "rounds")
+            rows = run_rounds(srv->port(), prompts, concurrency, modes, prompt_tokens, max_tokens, engine_tok_s,
+                              round_prefill_tok_s);
     }
     srv->request_stop();
     srv->wait();

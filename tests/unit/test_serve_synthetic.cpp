@@ -173,10 +173,12 @@ TEST(serve_synthetic, bench_serve_json) {
             EXPECT_EQ(r["sampling"], mode);
             EXPECT_EQ(r["completion_tokens"], C * max_tokens) << "every stream runs to max_tokens";
             for (const char* k : {"agg_tok_s", "per_stream_tok_s", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50",
-                                  "ttft_ms_p99", "engine_tok_s"}) {
+                                  "ttft_ms_p99", "engine_tok_s", "round_tok_s"}) {
                 ASSERT_TRUE(r.contains(k) && r[k].is_number()) << k;
                 EXPECT_GT(r[k].get<double>(), 0) << k;
             }
+            // the round's work adds the prompts' prefill to the decode steps
+            EXPECT_LT(r["round_tok_s"].get<double>(), r["engine_tok_s"].get<double>());
             EXPECT_LE(r["itl_ms_p50"].get<double>(), r["itl_ms_p99"].get<double>());
             EXPECT_LE(r["ttft_ms_p50"].get<double>(), r["ttft_ms_p99"].get<double>());
         }
