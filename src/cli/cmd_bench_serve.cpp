@@ -435,6 +435,7 @@ int cmd_bench_serve(int argc, char** argv) {
             j["context_tokens"] = ctx;
             j["prefix_cache_mib"] = (double)so.cache.budget / (1 << 20);
             j["prefill_budget"] = so.sched.prefill_budget;
+            j["prefill_pace"] = so.sched.prefill_pace;
         }
         for (const scenario_report& r : reports) j[r.key] = r.json;
         printf("%s\n", j.dump(2).c_str());

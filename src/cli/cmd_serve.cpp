@@ -68,6 +68,10 @@ void add_batch_options(arg_parser& p, const std::string& max_batch_default, cons
                                          "                            about twice the tokens of long contexts in it)")
         .option("--prefill-budget", "N", "prompt tokens a step carries beside the running sequences' decode rows (default\n"
                                            "                            2048): bounds their wait between two tokens")
+        .option("--prefill-pace", "R", "while streams decode, size each step's prompt tokens (at most --prefill-budget)\n"
+                                       "                            from measured step times so that the step lasts about R\n"
+                                       "                            decode-only steps: their gap between two tokens stays near R x\n"
+                                       "                            the steady one, prompts take longer (default 0: off)")
         .option("--prefix-cache-memory", "MIB", "prompt prefixes kept for reuse (KV + DeltaNet state snapshots), within\n"
                                                 "                            --state-memory (default: 512 on cpu, a quarter of --state-memory on\n"
                                                 "                            cuda; 0: off)")
@@ -85,6 +89,9 @@ void batch_options_from(const arg_parser& p, const char* cmd, int max_batch, siz
     o.sched.state_budget = mib > 0 ? (size_t)mib << 20 : state_budget;
     o.sched.prefill_budget = p.integer("--prefill-budget", 2048);
     if (o.sched.prefill_budget < 1) fail("%s: --prefill-budget must be >= 1", cmd);
+    o.sched.prefill_pace = p.number("--prefill-pace", 0);
+    if (!(o.sched.prefill_pace == 0 || (o.sched.prefill_pace > 1 && o.sched.prefill_pace <= 1000)))
+        fail("%s: --prefill-pace must be 0 (off) or in (1, 1000]", cmd);
     const int64_t pc_mib = p.integer("--prefix-cache-memory", -1);
     if (pc_mib < -1) fail("%s: --prefix-cache-memory must be >= 0", cmd);
     o.cache.budget = pc_mib >= 0 ? (size_t)pc_mib << 20

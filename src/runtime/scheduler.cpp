@@ -76,6 +76,7 @@ scheduler::scheduler(engine& eng, scheduler_options opt) : eng_(eng), opt_(opt) 
     per_token_bytes_ = preallocated_ ? (b2 - b1 + 1023) / 1024
                                      : (size_t)2 * (size_t)c.n_full_attention() * (size_t)c.kv_dim() * sizeof(float);
     step_ = std::make_unique<decode_step>(eng_, opt_.max_batch);
+    pacer_ = step_pacer(opt_.prefill_pace);
     for (int i = opt_.max_batch - 1; i >= 0; i--) free_slots_.push_back(i);
     stats_.state_budget = opt_.state_budget;
     // note: omp_set_num_threads (engine_options::threads) holds for the thread that called it; a new thread
@@ -272,12 +273,13 @@ void scheduler::emit(sequence& s, token_event ev) {
 }
 
 // The prompt pieces the next step carries, in admission order: at most prefill_budget tokens (at least one piece)
-// while sequences are decoding, so that none of them waits longer than one bounded piece between two tokens;
-// the engine's whole prefill chunk when nothing else runs (a lone prompt goes in generate()'s chunks).
-std::vector<scheduler::chunk_plan> scheduler::next_chunks(bool others_decoding) {
+// while sequences are decoding, so that none of them waits longer than one bounded piece between two tokens
+// (with prefill_pace, as many as keep the step near that many decode steps, and none in a step that measures
+// the decode rows alone: step_pacer.h); the engine's whole prefill chunk when nothing else runs.
+std::vector<scheduler::chunk_plan> scheduler::next_chunks(int64_t decode_rows) {
     std::vector<chunk_plan> out;
     const int64_t chunk = eng_.fwd().prefill_chunk;
-    int64_t budget = others_decoding ? std::min(opt_.prefill_budget, chunk) : chunk;
+    int64_t budget = decode_rows > 0 ? pacer_.budget(std::min(opt_.prefill_budget, chunk), decode_rows) : chunk;
     for (auto& sp : active_) {
         sequence& s = *sp;
         if (s.done || !s.st || s.started) continue;
@@ -309,6 +311,18 @@ void scheduler::drain() {
     step_in_flight p = std::move(*pending_);
     pending_.reset();
     const int32_t* toks = step_->wait(p.ticket);
+    {
+        // the step's time as the streams see it: since the step before it was read, or since its launch when
+        // it started after that (a sync step, or one after an idle spell)
+        const sched_clock::time_point now = sched_clock::now();
+        const double dt = std::chrono::duration<double>(now - std::max(last_done_, p.launched)).count();
+        int64_t prompt_tokens = 0;
+        for (const chunk_plan& k : p.chunks) prompt_tokens += k.n;
+        const int64_t rows = (int64_t)p.rows.size();
+        if (rows > 0 && prompt_tokens == 0) pacer_.decode_step(dt, rows);
+        if (rows > 0 && prompt_tokens > 0) pacer_.mixed_step(dt, rows, prompt_tokens);
+        last_done_ = now;
+    }
     struct pick {
         sequence* s;
         int64_t row;  // the step's logits row
@@ -406,14 +420,14 @@ void scheduler::drain() {
 // device's. A step with prompt pieces or host-chosen rows, or whose membership changed, waits first.
 void scheduler::step() {
     std::vector<sequence*> batch = decodable();
-    std::vector<chunk_plan> chunks = next_chunks(!batch.empty());
+    std::vector<chunk_plan> chunks = next_chunks((int64_t)batch.size());
     bool sync = !chunks.empty();
     for (sequence* s : batch) sync = sync || sync_row(s->req, s->host_always);
     const bool ahead = pending_ && !sync && !pending_->sync && batch == pending_->rows;
     if (!ahead) {
         drain();
         batch = decodable();  // emitting may have ended some
-        chunks = next_chunks(!batch.empty());
+        chunks = next_chunks((int64_t)batch.size());
         sync = !chunks.empty();
         for (sequence* s : batch) sync = sync || sync_row(s->req, s->host_always);
     }

@@ -39,6 +39,7 @@
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/request.h"
+#include "runtime/step_pacer.h"
 #include "sampling/sampler.h"
 
 namespace tansy {
@@ -117,6 +118,9 @@ struct scheduler_options {
     // prompt tokens a step carries while other sequences decode (at least one token; a prompt alone goes in the
     // engine's prefill chunks): bounds how long a running stream waits between two tokens
     int64_t prefill_budget = 2048;
+    // > 1: while sequences decode, a step's prompt tokens (at most prefill_budget) are sized from measured step
+    // times so that the step lasts about this many decode-only steps (runtime/step_pacer.h); 0: prefill_budget
+    double prefill_pace = 0;
     // > 0: every state gets this capacity (the CUDA backend batches only sequences of equal capacity; the CPU
     // backend grows its KV cache on demand, so there it costs nothing); 0: each gets prompt + max_tokens.
     int64_t seq_capacity = 0;
@@ -163,7 +167,7 @@ class scheduler {
         int64_t n = 0;      // prompt tokens in this piece
         bool last = false;  // the prompt's last piece: the step picks its first token
     };
-    std::vector<chunk_plan> next_chunks(bool others_decoding);
+    std::vector<chunk_plan> next_chunks(int64_t decode_rows);
     void step();
     // The next token of s from its logits row (host; nullptr: the device's argmax is the token): log-probs,
     // penalties, constraint mask, sampler. Touches only s (its sampler and constraint) and `scratch`, so the
@@ -209,6 +213,8 @@ class scheduler {
     std::unique_ptr<decode_step> step_;
     std::vector<int> free_slots_;
     std::optional<step_in_flight> pending_;
+    step_pacer pacer_;
+    sched_clock::time_point last_done_{};  // when the last step's picks were read
     std::vector<float> host_logits_, scratch_;
     std::vector<uint32_t> mask_bits_;
     uint64_t prompt_total_ = 0, generated_total_ = 0, host_picks_total_ = 0;
