@@ -16,6 +16,7 @@
 #include "backend/cuda/logprobs.cuh"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
+#include "logprob_rows.h"
 #include "runtime/bench.h"
 #include "sampling/logprobs.h"
 
@@ -31,46 +32,9 @@ constexpr double LSE_ATOL = 1e-5;
 // plus the rounding of m + log s to float on each side (an ulp of the result each).
 constexpr double LSE_RTOL = 2.4e-7;
 
-constexpr int k_kinds = 7;
+constexpr int k_kinds = test::k_logprob_row_kinds;
 
-std::vector<float> make_row(int64_t n, int kind, std::mt19937& rng) {
-    std::normal_distribution<float> body(0.0f, 3.0f);
-    const float inf = std::numeric_limits<float>::infinity();
-    std::vector<float> l((size_t)n);
-    switch (kind) {
-        case 0:  // trained-model-like: broad body, a peaked head
-            for (float& x : l) x = body(rng);
-            for (int i = 0; i < 8; i++) l[rng() % (uint64_t)n] += 12.0f;
-            break;
-        case 1: {  // 30 ids tied at the top, spread over slices (the lower ids win), then more ties below
-            for (float& x : l) x = body(rng) - 30.0f;
-            const int64_t step = std::max<int64_t>(1, n / 31);
-            for (int i = 0; i < 30; i++) l[(size_t)((7 + step * i) % n)] = 4.0f;
-            for (int i = 0; i < 10; i++) l[(size_t)((5 + 11 * i) % n)] = 2.5f;
-            break;
-        }
-        case 2:  // the top is zeros of both signs: -0 == +0, so they tie and go by id
-            for (float& x : l) x = -std::fabs(body(rng)) - 1.0f;
-            for (int i = 0; i < 25; i++) l[(size_t)((3 + 4099 * (int64_t)i) % n)] = i % 2 ? -0.0f : 0.0f;
-            break;
-        case 3:  // -inf (a mask) but for 7 ids: the list ends in -inf entries, by id
-            for (float& x : l) x = -inf;
-            for (int i = 0; i < 7; i++) l[rng() % (uint64_t)n] = body(rng);
-            break;
-        case 4:  // every id -inf
-            for (float& x : l) x = -inf;
-            break;
-        case 5:  // huge magnitudes
-            for (float& x : l) x = body(rng) * 1e37f;
-            l[(size_t)(n / 2)] = 3e38f;
-            break;
-        case 6:  // tiny magnitudes and subnormals: a near-flat distribution
-            for (float& x : l) x = body(rng) * 1e-30f;
-            for (int i = 0; i < 5; i++) l[rng() % (uint64_t)n] = 1e-40f * (float)(i + 1);
-            break;
-    }
-    return l;
-}
+std::vector<float> make_row(int64_t n, int kind, std::mt19937& rng) { return test::logprob_row(n, kind, rng); }
 
 // `rows` rows of n_valid ids (stride ld, padding columns holding the largest logits, which must never enter) whose
 // slots ask for tops[slot]: the device's records against the twin's, rows of slots with -1 left untouched.

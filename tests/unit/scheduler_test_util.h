@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -29,10 +30,10 @@ class collect_sink final : public sequence_sink {
         fin_ = e;
         cv_.notify_all();
     }
-    // waits for the finish event (fails the test after 60 s)
+    // waits for the finish event (fails the test after 120 s: long prompts under ASan on a loaded machine)
     finish_event wait() {
         std::unique_lock<std::mutex> lk(mu_);
-        EXPECT_TRUE(cv_.wait_for(lk, std::chrono::seconds(60), [&] { return finishes_ > 0; })) << "no finish event";
+        EXPECT_TRUE(cv_.wait_for(lk, std::chrono::seconds(120), [&] { return finishes_ > 0; })) << "no finish event";
         return fin_;
     }
     void wait_tokens(size_t n) {
@@ -60,6 +61,26 @@ class collect_sink final : public sequence_sink {
     std::vector<token_event> tokens_;
     finish_event fin_;
     int finishes_ = 0;
+};
+
+// A grammar-like constraint whose allowed set moves with every token it takes: ids with (id + taken) % mod != 0.
+class rotating_constraint final : public token_constraint {
+  public:
+    explicit rotating_constraint(int mod) : mod_(mod) {}
+    bool active() const override { return true; }
+    void allow(uint32_t* words, int64_t n_valid, int64_t) override {
+        std::fill(words, words + mask_words(n_valid), 0u);
+        for (int64_t v = 0; v < n_valid; v++)
+            if ((v + taken_) % mod_ != 0) words[v / 32] |= 1u << (v % 32);
+    }
+    void accept(int32_t id) override {
+        EXPECT_NE((id + taken_) % mod_, 0) << "a masked id was picked";
+        taken_++;
+    }
+
+  private:
+    int mod_;
+    int64_t taken_ = 0;
 };
 
 // The bundled tiny model on the CPU backend, one for the whole test binary.

@@ -11,6 +11,7 @@
 
 #include "mask_reference.h"
 #include "runtime/text_engine.h"
+#include "scheduler_test_util.h"
 #include "server/constraints.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -25,14 +26,7 @@ constexpr int64_t k_far = 100000;  // tokens left that never constrain the lengt
 constexpr int k_steps = 40;        // tokens per random walk (enough to get into nested values and tool calls)
 constexpr size_t k_all_lefts = 9;  // lefts_around: far and all eight values around the thresholds
 
-text_engine& tiny() {
-    static text_engine te([] {
-        engine_options o;
-        o.threads = 1;
-        return o;
-    }());
-    return te;
-}
+using test::tiny;
 
 std::shared_ptr<const token_table> tiny_table() {
     static auto t = token_table::build(tiny().tok(), tiny().eng().n_valid_tokens(), tiny().eos(), tiny().think_end());

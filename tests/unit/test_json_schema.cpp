@@ -11,6 +11,7 @@
 
 #include "runtime/output_parser.h"
 #include "runtime/text_engine.h"
+#include "scheduler_test_util.h"
 #include "server/constraints.h"
 #include "server/json_schema.h"
 #include "mask_reference.h"
@@ -22,14 +23,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-text_engine& tiny() {
-    static text_engine te([] {
-        engine_options o;
-        o.threads = 1;
-        return o;
-    }());
-    return te;
-}
+using test::tiny;
 
 std::shared_ptr<const token_table> table() {
     static auto t = token_table::build(tiny().tok(), tiny().eng().n_valid_tokens(), tiny().eos(), tiny().think_end());

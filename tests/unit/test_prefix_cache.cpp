@@ -12,6 +12,7 @@
 #include "runtime/prefix_cache.h"
 #include "runtime/scheduler.h"
 #include "runtime/text_engine.h"
+#include "scheduler_test_util.h"
 #include "tokenizer/chat_template.h"
 
 namespace tansy {
@@ -20,45 +21,8 @@ namespace {
 using namespace std::chrono_literals;
 using ojson = nlohmann::ordered_json;
 
-class collect_sink final : public sequence_sink {
-  public:
-    void on_token(const token_event& e) override {
-        std::lock_guard<std::mutex> lk(mu_);
-        ids_.push_back(e.id);
-    }
-    void on_finish(const finish_event& e) override {
-        std::lock_guard<std::mutex> lk(mu_);
-        fin_ = e;
-        done_ = true;
-        cv_.notify_all();
-    }
-    finish_event wait() {
-        std::unique_lock<std::mutex> lk(mu_);
-        EXPECT_TRUE(cv_.wait_for(lk, 120s, [&] { return done_; })) << "no finish event";
-        return fin_;
-    }
-    std::vector<int32_t> ids() {
-        std::lock_guard<std::mutex> lk(mu_);
-        return ids_;
-    }
-
-  private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::vector<int32_t> ids_;
-    finish_event fin_;
-    bool done_ = false;
-};
-
-text_engine& tiny() {
-    static text_engine te([] {
-        engine_options o;
-        o.backend = "cpu";
-        o.threads = 1;
-        return o;
-    }());
-    return te;
-}
+using test::collect_sink;
+using test::tiny;
 
 const std::string k_system =
     "You are a careful assistant for a team that maintains a small Python library for parsing calendar files. "

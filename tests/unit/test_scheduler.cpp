@@ -554,24 +554,6 @@ void expect_device_adjust_equals_host(text_engine& te) {
     plain->wait();
 }
 
-// A grammar-like constraint whose allowed set changes with every token it takes: ids with (id + taken) % 3 != 0.
-class rotating_constraint final : public token_constraint {
-  public:
-    bool active() const override { return true; }
-    void allow(uint32_t* words, int64_t n_valid, int64_t) override {
-        std::fill(words, words + mask_words(n_valid), 0u);
-        for (int64_t v = 0; v < n_valid; v++)
-            if ((v + taken_) % 3 != 0) words[v / 32] |= 1u << (v % 32);
-    }
-    void accept(int32_t id) override {
-        EXPECT_NE((id + taken_) % 3, 0) << "a masked id was picked";
-        taken_++;
-    }
-
-  private:
-    int64_t taken_ = 0;
-};
-
 // A constrained row picks on the device after its mask (set by the scheduler before each step); with device_pick
 // off it picks on the host from the masked row instead. Both must choose the same tokens, greedy and seeded, with
 // penalties on top, alone and batched.
@@ -588,7 +570,7 @@ void expect_device_masks_equal_host(text_engine& te) {
         r.sampling.top_k = temperature > 0 ? 30 : 0;
         r.sampling.seed = 4242;
         if (penalties) r.penalties.frequency = 0.8f, r.logit_bias = {{13, 3.0f}};
-        r.constraint = std::make_unique<rotating_constraint>();
+        r.constraint = std::make_unique<test::rotating_constraint>(3);
         r.device_pick = !host;
         return r;
     };

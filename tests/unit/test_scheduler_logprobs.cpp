@@ -18,24 +18,6 @@ using test::collect_sink;
 using test::cuda_tiny;
 using test::tiny;
 
-// A grammar-like constraint whose allowed set moves with every token it takes: ids with (id + taken) % 4 != 0.
-class moving_constraint final : public token_constraint {
-  public:
-    bool active() const override { return true; }
-    void allow(uint32_t* words, int64_t n_valid, int64_t) override {
-        std::fill(words, words + mask_words(n_valid), 0u);
-        for (int64_t v = 0; v < n_valid; v++)
-            if ((v + taken_) % 4 != 0) words[v / 32] |= 1u << (v % 32);
-    }
-    void accept(int32_t id) override {
-        EXPECT_NE((id + taken_) % 4, 0) << "a masked id was picked";
-        taken_++;
-    }
-
-  private:
-    int64_t taken_ = 0;
-};
-
 // Log-probs of the rows the device picks come from its records of their raw logits (decode_step,
 // backend::logprob_rows): the same tokens, log-probs and top log-probs as the host path (device_pick off:
 // scheduler::choose over the downloaded row), greedy and seeded, with penalties, bias and a grammar's mask on top
@@ -70,7 +52,7 @@ void expect_device_logprobs_equal_host(text_engine& te, float tol, bool pieces) 
         r.sampling.top_k = v.temperature > 0 ? 40 : 0;
         r.sampling.seed = 31;
         if (v.adjust) r.penalties = {0.4f, 0.6f, 1.2f}, r.logit_bias = {{13, 4.0f}, {11, -2.0f}};
-        if (v.mask) r.constraint = std::make_unique<moving_constraint>();
+        if (v.mask) r.constraint = std::make_unique<test::rotating_constraint>(4);
         r.device_pick = device;
         return r;
     };
