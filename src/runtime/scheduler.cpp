@@ -43,7 +43,6 @@ struct scheduler::sequence {
     int64_t in_flight = 0;  // decode steps launched for it whose token is not emitted yet
     bool host_always = false;  // every token is chosen on the host (sampling the device does not draw, ...)
     bool device_mask = false;  // a constraint whose mask goes to the device before each pick (update_mask)
-    std::vector<uint32_t> allow_bits;  // a constraint's bits for a pick on the host (choose runs rows in parallel)
     bool done = false;
     std::unordered_map<int32_t, int> counts;  // generated ids (presence/frequency penalties)
     std::unordered_set<int32_t> seen;         // prompt and generated ids (repetition penalty)
@@ -237,7 +236,8 @@ token_event scheduler::choose(sequence& s, const float* row, int32_t device_argm
                     if (tok < nv) scratch_[(size_t)tok] = sampling_math::repetition(scratch_[(size_t)tok], pp.repetition);
             for (const auto& [tok, bias] : s.req.logit_bias)
                 if (tok >= 0 && tok < nv) scratch_[(size_t)tok] += bias;
-            if (constrained) s.req.constraint->mask(scratch_.data(), nv, s.req.max_tokens - s.generated, s.allow_bits);
+            // (constrained rows are chosen on the engine thread, never in drain's parallel loop: mask_bits_ is free)
+            if (constrained) s.req.constraint->mask(scratch_.data(), nv, s.req.max_tokens - s.generated, mask_bits_);
             src = scratch_.data();
         }
         if (s.req.sampling.temperature > 0.0f) {
