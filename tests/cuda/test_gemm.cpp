@@ -26,6 +26,8 @@ using test::test_matrix;
 
 // Against a reference fed the same fp16-rounded operands, only the fp32 summation order differs.
 constexpr double TOL_GEMM_EMULATED = 2e-5;
+// The small-M MoE kernels' h16: fp16 outputs (2^-12 relative rounding per value) over fp32 math.
+constexpr double TOL_MOE_SMALL_H = 1e-3;
 // Against the fp32 reference: both operands rounded to fp16 (2^-11 relative each) give ~4e-4 relative error on
 // dot products of random terms, up to ~3x that for short rows (K = 64); a wrong term gives O(1).
 constexpr double TOL_GEMM_FP32 = 2.5e-3;
@@ -308,6 +310,96 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
             EXPECT_LT(test::rel_error(got_h, want_h), TOL_GEMM_EMULATED) << "gate/up T=" << T;
             EXPECT_LT(test::rel_error(gy, want), TOL_GEMM_EMULATED) << "down + combine T=" << T;
         }
+    }
+}
+
+// The small-M grouped MoE kernels (moe_grouped_mma.cu) on moe_plan's 16-row tiles with the shared expert's tiles
+// appended: plan invariants, then h16 (gate/up with SwiGLU, fp16 times h_scale) and y (down, from the GPU's own
+// h16) per sorted row against fp32 references of the same fp16 operands. T = 17 (one or two rows per tile), 40,
+// 255 (expert 3 in most tokens: many full 16-row tiles and a partial one), and 8 (fewer rows than one mma group).
+TEST(cuda_gemm_grouped, moe_small_kernels_match_cpu_twin) {
+    TANSY_REQUIRE_GPU();
+    const int E = 16, k = 4;
+    const int64_t D = 256, F = 128;
+    const float h_scale = 1.0f / 16.0f;
+    test_matrix Wg(dfmt::q4, E * F, D, 31), Wu(dfmt::q4, E * F, D, 32), Wd(dfmt::q4, E * D, F, 33);
+    test_matrix Sg(dfmt::q4, F, D, 34), Su(dfmt::q4, F, D, 35), Sd(dfmt::q4, D, F, 36);
+    cuda::dmoe m;
+    m.gate = Wg.d, m.up = Wu.d, m.down = Wd.d, m.s_gate = Sg.d, m.s_up = Su.d, m.s_down = Sd.d;
+    m.E = E, m.k = k, m.F = F, m.Fs = F, m.D = D;
+    ASSERT_TRUE(cuda::moe_small_supports(m));
+    for (int T : {8, 17, 40, 255}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        std::mt19937 rng(2000 + T);
+        std::vector<int32_t> idx((size_t)T * k);
+        for (int t = 0; t < T; t++) {  // distinct experts per token; expert 3 is picked by most tokens, 7..9 never
+            std::vector<int32_t> pool;
+            for (int e = 0; e < E; e++)
+                if (e < 7 || e > 9) pool.push_back(e);
+            std::shuffle(pool.begin(), pool.end(), rng);
+            if (rng() % 8 != 0) std::iter_swap(pool.begin(), std::find(pool.begin(), pool.end(), 3));
+            for (int j = 0; j < k; j++) idx[(size_t)t * k + j] = pool[(size_t)j];
+        }
+        auto x = test::random_normal((size_t)T * D, 37, 1.0f);
+        const int Tk = T * k, rows = Tk + T, bm = cuda::k_moe_small_bm;
+        const int max_tiles = cuda::moe_max_tiles(T, E, k, bm, /*shared=*/true);
+        auto didx = to_device(idx), dx = to_device(x);
+        cuda::device_buffer perm((size_t)Tk * 4), pos((size_t)Tk * 4), tiles((size_t)max_tiles * sizeof(cuda::gemm_tile)),
+            ntiles(4), h16((size_t)rows * F * 2), y((size_t)rows * D * 4);
+        cuda::moe_plan((int32_t*)perm.get(), (int32_t*)pos.get(), (cuda::gemm_tile*)tiles.get(), (int32_t*)ntiles.get(),
+                       (const int32_t*)didx.get(), T, E, k, bm, 0, /*shared=*/true);
+        const cuda::device_buffer dx16 = fp16_of(dx, T, D);
+        cuda::moe_small_gate_up((uint16_t*)h16.get(), m, (const uint16_t*)dx16.get(), (const int32_t*)perm.get(),
+                                (const cuda::gemm_tile*)tiles.get(), (const int32_t*)ntiles.get(), max_tiles, T, h_scale, 0);
+        cuda::moe_small_down((float*)y.get(), m, (const uint16_t*)h16.get(), (const cuda::gemm_tile*)tiles.get(),
+                             (const int32_t*)ntiles.get(), max_tiles, T, h_scale, 0);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+        // plan: routed tiles as moe_plan's (sorted by expert, <= 16 rows), then the shared expert's over [Tk, Tk + T)
+        auto hp = from_device<int32_t>(perm, (size_t)Tk);
+        const int nt = from_device<int32_t>(ntiles, 1)[0];
+        auto ht = from_device<cuda::gemm_tile>(tiles, (size_t)max_tiles);
+        ASSERT_LE(nt, max_tiles);
+        int covered = 0, multi = 0;
+        for (int i = 0; i < nt; i++) {
+            const cuda::gemm_tile& tl = ht[(size_t)i];
+            ASSERT_GT(tl.rows, 0);
+            ASSERT_LE(tl.rows, bm);
+            EXPECT_EQ(tl.row0, covered);
+            for (int r = tl.row0; r < tl.row0 + tl.rows; r++)
+                EXPECT_EQ(r < Tk ? idx[(size_t)hp[(size_t)r]] : E, tl.expert) << "row " << r;
+            if (i > 0 && ht[(size_t)i - 1].expert == tl.expert) multi++;
+            covered += tl.rows;
+        }
+        EXPECT_EQ(covered, rows);
+        if (T >= 40) {
+            EXPECT_GT(multi, 0) << "some expert spans several tiles";
+        }
+
+        // numerics per sorted row: fp32 references of the fp16 input (exact 4-bit weights: the kernels apply scale
+        // and bias in fp32, not to fp16-rounded weights)
+        auto gh = from_device<uint16_t>(h16, (size_t)rows * F);
+        auto gy = from_device<float>(y, (size_t)rows * D);
+        std::vector<float> want_h((size_t)rows * F), got_h(want_h.size()), want_y((size_t)rows * D);
+        for (int r = 0; r < rows; r++) {
+            const int t = r < Tk ? hp[(size_t)r] / k : r - Tk;
+            const int64_t e = r < Tk ? idx[(size_t)hp[(size_t)r]] : -1;
+            std::vector<float> xt(x.begin() + (size_t)t * D, x.begin() + (size_t)(t + 1) * D);
+            for (float& v : xt) v = f16_round(v);
+            auto gg = e >= 0 ? reference(Wg, xt, 1, e * F, F, false) : reference(Sg, xt, 1, 0, F, false);
+            auto uu = e >= 0 ? reference(Wu, xt, 1, e * F, F, false) : reference(Su, xt, 1, 0, F, false);
+            std::vector<float> hg((size_t)F);
+            for (size_t i = 0; i < (size_t)F; i++) {
+                want_h[(size_t)r * F + i] = silu(gg[i]) * uu[i];
+                hg[i] = test::f16_bits_to_float(gh[(size_t)r * F + i]);
+                got_h[(size_t)r * F + i] = hg[i] / h_scale;
+            }
+            // down from the GPU's own h16 (isolates it from the gate/up rounding)
+            auto yy = e >= 0 ? reference(Wd, hg, 1, e * D, D, false) : reference(Sd, hg, 1, 0, D, false);
+            for (size_t i = 0; i < (size_t)D; i++) want_y[(size_t)r * D + i] = yy[i] / h_scale;
+        }
+        EXPECT_LT(test::rel_error(got_h, want_h), TOL_MOE_SMALL_H) << "gate/up";
+        EXPECT_LT(test::rel_error(gy, want_y), TOL_GEMM_EMULATED) << "down";
     }
 }
 

@@ -58,16 +58,41 @@ bool moe_tap_supports(const dmoe& m);
 
 // Device-side routing plan for T tokens x k slots: slots sorted by expert (perm[p] = t*k + j at sorted position
 // p, pos_of[t*k + j] = p) and the work list of gemm tiles (expert, first sorted row, rows <= bm), at most
-// moe_max_tiles(T, E, k, bm) of them, the count in *n_tiles. One CTA; no host synchronisation. bm is 64 or 128
-// (gemm_params::tile_bm); moe_tile_rows picks 128 once experts average k_moe_wide_rows_per_expert rows.
+// moe_max_tiles(T, E, k, bm, shared) of them, the count in *n_tiles. One CTA; no host synchronisation. bm is 64 or
+// 128 (gemm_params::tile_bm; moe_tile_rows picks 128 once experts average k_moe_wide_rows_per_expert rows), or
+// k_moe_small_bm (moe_small_gate_up). shared: the shared expert's tiles follow the routed ones, as expert E over
+// sorted rows [T k, T k + T) (row T k + t is token t).
 constexpr int k_moe_wide_rows_per_expert = 128;
 int moe_tile_rows(int T, int E, int k);
-int moe_max_tiles(int T, int E, int k, int bm);
+int moe_max_tiles(int T, int E, int k, int bm, bool shared = false);
 void moe_plan(int32_t* perm, int32_t* pos_of, gemm_tile* tiles, int32_t* n_tiles, const int32_t* idx, int T, int E,
-              int k, int bm, cudaStream_t stream);
+              int k, int bm, cudaStream_t stream, bool shared = false);
 
 // x[t] += sum_j wt[t][j] * y[pos_of[t*k + j]] + sig[t] * ys[t] (rows of D floats), in a fixed order.
 void moe_combine(float* x, int64_t ldx, const float* y, const float* ys, const int32_t* pos_of, const float* wt,
                  const float* sig, int T, int k, int64_t D, cudaStream_t stream);
+
+// ---- a decode batch of k_gemm_min_rows .. kernel_plan::moe_small rows (fast mode): each expert the step touches
+// read once for all its rows, on tensor cores (moe_grouped_mma.cu)
+
+// Rows per tile of moe_plan for these kernels: one mma's two groups of 8 B columns.
+constexpr int k_moe_small_bm = 16;
+
+// Whether the kernels take this MoE: all six matrices 4-bit with mma_dot_supports and one group size (a multiple
+// of 64 times a power of two), F == Fs, D and F multiples of 64, and 16 rows' staged inputs fit shared memory.
+bool moe_small_supports(const dmoe& m);
+
+// Gate/up with SwiGLU for moe_plan(..., k_moe_small_bm, shared = true)'s tiles: h16 [T (k + 1), F] (fp16, row p
+// the sorted row p) = fp16(silu(W_gate m) * (W_up m) * h_scale), with m the row's token's input from m16 [T, D]
+// (fp16: to_f16 of the normalised input; token of row p < T k: perm[p] / k, of row p >= T k: p - T k) and the
+// expert the tile's (E: the shared expert). Rounded as the fast grouped GEMM's SwiGLU epilogue (gemm_params::out16).
+void moe_small_gate_up(uint16_t* h16, const dmoe& m, const uint16_t* m16, const int32_t* perm, const gemm_tile* tiles,
+                       const int32_t* n_tiles, int max_tiles, int T, float h_scale, cudaStream_t stream);
+// Down for the same tiles: y [T (k + 1), D] (fp32, row p the sorted row p) = (W_down h16[p]) / h_scale, as the fast
+// grouped GEMM's a_scale. moe_combine(x, ldx, y, y + T k D, ...) then adds the rows into x.
+void moe_small_down(float* y, const dmoe& m, const uint16_t* h16, const gemm_tile* tiles, const int32_t* n_tiles,
+                    int max_tiles, int T, float h_scale, cudaStream_t stream);
+// moe_small_gate_up launches so far in this process (tests: that a MoE block took these kernels).
+uint64_t moe_small_launches();
 
 }  // namespace tansy::cuda

@@ -1,4 +1,5 @@
-// MoE for many rows (prompt processing): routing plan and combine around the grouped GEMM (moe.cuh).
+// MoE for many rows (prompt processing, and decode batches on moe_grouped_mma.cu): routing plan and combine around
+// the grouped GEMM (moe.cuh).
 // One CTA builds the plan (shared-memory histogram, warp scan, atomics for the positions: the order of slots
 // inside an expert's block is arbitrary, which changes nothing since every GEMM row is computed on its own);
 // the combine sums each token's k expert rows and the shared expert in a fixed order (deterministic).
@@ -13,10 +14,11 @@ namespace {
 constexpr int k_max_experts = 512;
 constexpr int k_plan_threads = 1024;
 
+// shared_rows: T for the shared expert's tiles after the routed ones (expert E, sorted rows [T k, T k + T)), or 0.
 __global__ void __launch_bounds__(k_plan_threads) plan_kernel(int32_t* perm, int32_t* pos_of, gemm_tile* tiles,
                                                              int32_t* n_tiles, const int32_t* idx, int T, int E, int k,
-                                                             int BM) {
-    __shared__ int cnt[k_max_experts], cur[k_max_experts], tile0[k_max_experts];
+                                                             int BM, int shared_rows) {
+    __shared__ int cnt[k_max_experts], cur[k_max_experts], tile0[k_max_experts], n_routed;
     const int n = T * k, tid = threadIdx.x;
     for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -36,11 +38,13 @@ __global__ void __launch_bounds__(k_plan_threads) plan_kernel(int32_t* perm, int
             cur[e] = r, tile0[e] = t;
             r += cnt[e], t += (cnt[e] + BM - 1) / BM;
         }
-        if (tid == 31) *n_tiles = ti;
+        if (tid == 31) n_routed = ti, *n_tiles = ti + (shared_rows + BM - 1) / BM;
     }
     __syncthreads();
     for (int e = tid; e < E; e += blockDim.x)
         for (int j = 0; j * BM < cnt[e]; j++) tiles[tile0[e] + j] = {e, cur[e] + j * BM, min(BM, cnt[e] - j * BM)};
+    for (int j = tid; j * BM < shared_rows; j += blockDim.x)
+        tiles[n_routed + j] = {E, n + j * BM, min(BM, shared_rows - j * BM)};
     __syncthreads();  // cur[] has been read for the tiles before the atomics below move it
     for (int i = tid; i < n; i += blockDim.x) {
         const int p = atomicAdd(&cur[idx[i]], 1);
@@ -74,16 +78,17 @@ int moe_tile_rows(int T, int E, int k) {
     return (int64_t)T * k >= (int64_t)k_moe_wide_rows_per_expert * E ? 2 * k_gemm_bm : k_gemm_bm;
 }
 
-int moe_max_tiles(int T, int E, int k, int bm) {
+int moe_max_tiles(int T, int E, int k, int bm, bool shared) {
     const int n = T * k;
-    return (n + bm - 1) / bm + std::min(E, n);  // every used expert adds at most one partial tile
+    // every used expert adds at most one partial tile
+    return (n + bm - 1) / bm + std::min(E, n) + (shared ? (T + bm - 1) / bm : 0);
 }
 
 void moe_plan(int32_t* perm, int32_t* pos_of, gemm_tile* tiles, int32_t* n_tiles, const int32_t* idx, int T, int E,
-              int k, int bm, cudaStream_t stream) {
+              int k, int bm, cudaStream_t stream, bool shared) {
     TANSY_CHECK(E <= k_max_experts, "cuda moe: at most %d experts, got %d", k_max_experts, E);
-    TANSY_CHECK(bm == k_gemm_bm || bm == 2 * k_gemm_bm, "cuda moe: tiles of %d rows", bm);
-    plan_kernel<<<1, k_plan_threads, 0, stream>>>(perm, pos_of, tiles, n_tiles, idx, T, E, k, bm);
+    TANSY_CHECK(bm == k_gemm_bm || bm == 2 * k_gemm_bm || bm == k_moe_small_bm, "cuda moe: tiles of %d rows", bm);
+    plan_kernel<<<1, k_plan_threads, 0, stream>>>(perm, pos_of, tiles, n_tiles, idx, T, E, k, bm, shared ? T : 0);
     CUDA_CHECK_LAUNCH();
 }
 
