@@ -254,6 +254,7 @@ struct kernel_options {
     int gemm_wgmma = -1;    // 0/1: Hopper wgmma for the prompt GEMMs' 128-row tiles
     int moe_groups = -1;    // >= 0: MoE of 17 .. this many rows on the decode kernels, in groups of <= 16 rows
     int dense_groups = -1;  // >= 0: dense products of 17 .. this many rows on the GEMV kernels, likewise
+    int moe_small = -1;     // >= 0: MoE of 17 .. this many rows (fast mode) on the small-M grouped MoE kernels
 };
 
 struct backend_options {

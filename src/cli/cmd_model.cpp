@@ -42,7 +42,10 @@ void add_engine_options(arg_parser& p) {
                 "cuda kernel families, for A/B runs (the plan's choice otherwise; tansy info --backend cuda prints "
                 "it): mma=FAMILIES ('+'-joined gemv1, gemvn, gate_up, down, or all / none: decode products on tensor "
                 "cores; default gemvn), int8=on|off (int8 inputs of the one-row 4-bit decode kernels; default on), "
-                "wgmma=on|off (Hopper wgmma for the prompt GEMMs; default on)")
+                "wgmma=on|off (Hopper wgmma for the prompt GEMMs; default on), moe_groups=N / dense_groups=N (MoE "
+                "blocks / dense products of 17..N rows on the decode kernels in groups of <= 16 rows; default 96, 0: "
+                "off), moe_small=N (MoE blocks of 17..N rows, fast mode, on the small-M grouped MoE kernels; default "
+                "256, 0: off)")
         .option("--verbose", "", "log loading details", "-v");
 }
 

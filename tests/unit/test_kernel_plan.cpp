@@ -31,7 +31,14 @@ TEST(kernel_plan, parses_kernel_options) {
     EXPECT_EQ(cuda::parse_kernel_options("dense_groups=32;moe_groups=0", &n), "");
     EXPECT_EQ(n.dense_groups, 32);
     EXPECT_EQ(n.moe_groups, 0);
-    for (const char* bad : {"mma=gemv2", "int8=maybe", "tiles=64", "int8", "moe_groups=-1", "moe_groups=", "moe_groups=8x"}) {
+    EXPECT_EQ(n.moe_small, -1);
+    EXPECT_EQ(cuda::parse_kernel_options("moe_small=128", &n), "");
+    EXPECT_EQ(n.moe_small, 128);
+    EXPECT_EQ(cuda::parse_kernel_options("moe_groups=32,moe_small=0", &n), "");
+    EXPECT_EQ(n.moe_small, 0);
+    EXPECT_EQ(n.moe_groups, 32);
+    for (const char* bad : {"mma=gemv2", "int8=maybe", "tiles=64", "int8", "moe_groups=-1", "moe_groups=", "moe_groups=8x",
+                            "moe_small=-3", "moe_small=", "moe_small=all", "moe_small=5000"}) {
         kernel_options b;
         EXPECT_NE(cuda::parse_kernel_options(bad, &b), "") << bad;
     }
@@ -100,6 +107,34 @@ TEST(kernel_plan, describes_each_row_range) {
     kernel_options o;
     o.gemm_wgmma = 0;
     EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, true, o).describe().find("precise"), std::string::npos);
+}
+
+// moe_small: MoE blocks of 17 .. N rows on the small-M grouped kernels, fast mode only, ahead of moe_groups.
+TEST(kernel_plan, moe_small_rows) {
+    cuda::kernel_device dev;
+    dev.name = "test device", dev.cc = 90, dev.sms = 132, dev.smem_optin = 227 * 1024;
+    const cuda::kernel_plan d = cuda::make_kernel_plan(dev, nullptr, false, {});
+    EXPECT_EQ(d.moe_small, cuda::k_moe_small_max_rows);
+    EXPECT_FALSE(d.moe_in_small(cuda::k_gemm_min_rows - 1));
+    EXPECT_TRUE(d.moe_in_small(cuda::k_gemm_min_rows));
+    EXPECT_TRUE(d.moe_in_small(cuda::k_moe_small_max_rows));
+    EXPECT_FALSE(d.moe_in_small(cuda::k_moe_small_max_rows + 1));
+    EXPECT_NE(d.describe().find("moe_small=256"), std::string::npos) << d.describe();
+    EXPECT_NE(d.describe().find("17-256 rows moe: small-M grouped kernels"), std::string::npos) << d.describe();
+    const cuda::kernel_plan precise = cuda::make_kernel_plan(dev, nullptr, true, {});
+    EXPECT_FALSE(precise.moe_in_small(32));  // fast mode only
+    EXPECT_EQ(precise.describe().find("small-M"), std::string::npos) << precise.describe();
+    kernel_options o;
+    o.moe_small = 0;
+    const cuda::kernel_plan off = cuda::make_kernel_plan(dev, nullptr, false, o);
+    EXPECT_FALSE(off.moe_in_small(17));
+    EXPECT_EQ(off.describe().find("small-M"), std::string::npos) << off.describe();
+    EXPECT_EQ(off.source, "--kernels");
+    o.moe_small = 64;
+    const cuda::kernel_plan p64 = cuda::make_kernel_plan(dev, nullptr, false, o);
+    EXPECT_TRUE(p64.moe_in_small(64));
+    EXPECT_FALSE(p64.moe_in_small(65));
+    EXPECT_NE(p64.describe().find("17-64 rows moe: small-M"), std::string::npos) << p64.describe();
 }
 
 TEST(kernel_plan, test_setters_return_the_previous_value) {

@@ -64,11 +64,12 @@ void apply(const kernel_options& o, kernel_plan& p) {
     if (o.gemm_wgmma >= 0) p.gemm_wgmma = o.gemm_wgmma != 0;
     if (o.moe_groups >= 0) p.moe_groups = o.moe_groups;
     if (o.dense_groups >= 0) p.dense_groups = o.dense_groups;
+    if (o.moe_small >= 0) p.moe_small = o.moe_small;
 }
 
 bool any(const kernel_options& o) {
     return o.mma_families >= 0 || o.int8_inputs >= 0 || o.gemm_wgmma >= 0 || o.moe_groups >= 0 ||
-           o.dense_groups >= 0;
+           o.dense_groups >= 0 || o.moe_small >= 0;
 }
 
 // TANSY_KERNELS: the debug override, on top of whatever the options chose. A malformed value aborts (it is set by
@@ -104,7 +105,7 @@ std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
         i = j + 1;
         if (item.empty()) continue;
         const size_t eq = item.find('=');
-        if (eq == std::string::npos) return "'" + item + "' is not KEY=VALUE (keys: mma, int8, wgmma, moe_groups, dense_groups)";
+        if (eq == std::string::npos) return "'" + item + "' is not KEY=VALUE (keys: mma, int8, wgmma, moe_groups, dense_groups, moe_small)";
         const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
         if (key == "mma") {
             unsigned f = 0;
@@ -116,13 +117,13 @@ std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
             const int b = parse_on_off(val);
             if (b < 0) return key + " must be on or off, got '" + val + "'";
             (key == "int8" ? opt->int8_inputs : opt->gemm_wgmma) = b;
-        } else if (key == "moe_groups" || key == "dense_groups") {
+        } else if (key == "moe_groups" || key == "dense_groups" || key == "moe_small") {
             char* end = nullptr;
             const long n = strtol(val.c_str(), &end, 10);
             if (val.empty() || *end || n < 0 || n > 4096) return key + " takes a row count in 0..4096, got '" + val + "'";
-            (key == "moe_groups" ? opt->moe_groups : opt->dense_groups) = (int)n;
+            (key == "moe_groups" ? opt->moe_groups : key == "dense_groups" ? opt->dense_groups : opt->moe_small) = (int)n;
         } else {
-            return "unknown key '" + key + "' (mma, int8, wgmma, moe_groups, dense_groups)";
+            return "unknown key '" + key + "' (mma, int8, wgmma, moe_groups, dense_groups, moe_small)";
         }
     }
     return "";
@@ -154,8 +155,9 @@ std::string kernel_plan::describe(const char* indent) const {
     if (!dev.name.empty())
         line("device     %s: compute capability %d.%d, %d SMs, %zu KB shared memory per block", dev.name.c_str(),
              dev.cc / 10, dev.cc % 10, dev.sms, dev.smem_optin / 1024);
-    line("switches   mma=%s int8=%s wgmma=%s moe_groups=%d dense_groups=%d (%s)%s", families_name(mma_families).c_str(),
-         int8_inputs ? "on" : "off", gemm_wgmma ? "on" : "off", moe_groups, dense_groups, source.c_str(),
+    line("switches   mma=%s int8=%s wgmma=%s moe_groups=%d dense_groups=%d moe_small=%d (%s)%s",
+         families_name(mma_families).c_str(), int8_inputs ? "on" : "off", gemm_wgmma ? "on" : "off", moe_groups,
+         dense_groups, moe_small, source.c_str(),
          gemm_wgmma && !wgmma() ? "; wgmma: not in this build or not on this device" : "");
     line("mode       %s", precise ? "precise (--gemm precise): split-bf16 GEMM operands, fp32 decode inputs"
                                   : "fast: fp16 GEMM operands; decode inputs rounded to fp16 as the GEMMs' are");
@@ -185,6 +187,11 @@ std::string kernel_plan::describe(const char* indent) const {
     line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s",
          std::max(k_gemm_min_rows, dense_groups + 1),
          k_gemm_wide_min_rows, !fast ? " (fast mode only)" : wgmma() ? " (4-bit: wgmma)" : " (mma.sync)");
+    if (fast && moe_small >= k_gemm_min_rows)
+        line("%d-%d rows moe: small-M grouped kernels (moe_grouped_mma.cu: tiles of <= %d expert-sorted rows, each "
+             "touched expert read once, the shared expert in the same launches) where the experts are 4-bit and suit "
+             "them; otherwise as below",
+             k_gemm_min_rows, moe_small, k_mma_max_tokens);
     if (moe_groups >= k_gemm_min_rows)
         line("%d-%d rows  moe: the decode kernels above in groups of <= %d rows; router: a precise GEMM", k_gemm_min_rows,
              moe_groups, k_mma_max_tokens);

@@ -43,6 +43,8 @@ constexpr int k_gdn_recur_max_rows = 16;
 // The default of kernel_plan::moe_groups and dense_groups: decode batches up to this many rows stay on the decode
 // kernels (in groups), larger ones go to the GEMMs.
 constexpr int k_decode_groups_max_rows = 96;
+// The default of kernel_plan::moe_small: MoE blocks up to this many rows (fast mode) run moe_grouped_mma.cu.
+constexpr int k_moe_small_max_rows = 256;
 
 // ---- Kernel-family switches
 
@@ -76,6 +78,11 @@ struct kernel_plan {
     // H200, the GEMMs from 128 (docs/PERF.md: decode batches of 17-256).
     int moe_groups = k_decode_groups_max_rows;
     int dense_groups = k_decode_groups_max_rows;
+    // MoE blocks of k_gemm_min_rows .. moe_small rows in fast mode run the small-M grouped kernels
+    // (moe_grouped_mma.cu: tiles of <= 16 expert-sorted rows, each touched expert read once, the shared expert in
+    // the same launches) where the weights suit them (moe_small_supports), before moe_groups and the grouped GEMMs
+    // (0: never).
+    int moe_small = k_moe_small_max_rows;
     std::string source = "defaults";  // where the switches came from: defaults, --kernels, TANSY_KERNELS
 
     bool mma(mma_family f) const { return (mma_families & f) != 0; }
@@ -83,6 +90,7 @@ struct kernel_plan {
     static bool use_gemm(int64_t rows) { return rows >= k_gemm_min_rows; }
     bool moe_in_groups(int64_t rows) const { return rows >= k_gemm_min_rows && rows <= moe_groups; }
     bool dense_in_groups(int64_t rows) const { return rows >= k_gemm_min_rows && rows <= dense_groups; }
+    bool moe_in_small(int64_t rows) const { return !precise && rows >= k_gemm_min_rows && rows <= moe_small; }
     // The plan in words, one decision a line, each line starting with `indent` (after the first).
     std::string describe(const char* indent = "") const;
 };
@@ -111,6 +119,7 @@ bool set_gemm_wgmma_requested(bool on);
 //   wgmma=on|off   Hopper wgmma for the prompt GEMMs (off: mma.sync)
 //   moe_groups=N   MoE blocks of 17..N rows on the decode kernels in groups of <= 16 rows (0: grouped GEMMs)
 //   dense_groups=N dense products of 17..N rows on the GEMV kernels in groups of <= 16 rows (0: GEMMs)
+//   moe_small=N    MoE blocks of 17..N rows (fast mode) on the small-M grouped MoE kernels (0: off)
 // Returns an empty string, or what is wrong with the spec.
 std::string parse_kernel_options(const std::string& spec, kernel_options* opt);
 
