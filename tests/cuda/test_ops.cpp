@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/cuda/moe.cuh"
 #include "op_twins.h"
 
 using namespace tansy;
@@ -135,11 +136,12 @@ TEST(cuda_ops, real_shapes) {
 
 // A decode batch of 17+ sequences with the kernel plan's moe_groups and dense_groups: the MoE and the dense
 // products run the decode kernels in even groups of <= 16 rows (17 = 9 + 8, 33 = 11 + 11 + 11, 50, 64, 96 = 6 x 16),
-// in both modes, against the CPU.
+// in both modes, against the CPU. (moe_small off: fast mode would take the small-M grouped kernels instead.)
 TEST(cuda_ops, decode_kernels_in_groups) {
     TANSY_REQUIRE_GPU();
     kernel_options k;
     k.moe_groups = k.dense_groups = 96;
+    k.moe_small = 0;
     for (const model_config& cfg : {tiny_config(), real_config()})
         for (bool precise : {false, true}) {
             auto p = make_pair(cfg, precise, false, k);
@@ -171,6 +173,76 @@ TEST(cuda_ops, decode_kernels_in_groups) {
                 }
             }
         }
+}
+
+// A decode batch of 17..256 rows on the small-M grouped MoE kernels (kernel plan moe_small, fast mode), against the
+// CPU: tiles of <= 16 expert-sorted rows, mostly one or two rows per expert at 17 rows (real shapes), several tiles
+// per expert when every row is the same token (all T rows on the same k experts: ceil(T / 16) tiles each, and a
+// last partial one), and the shared expert's tiles; moe_small = 0 (the decode kernels in groups, or the grouped
+// GEMMs) alike. moe_small_launches() shows which path each call took.
+TEST(cuda_ops, moe_grouped_small_m) {
+    TANSY_REQUIRE_GPU();
+    for (const model_config& cfg : {tiny_config(), real_config()})
+        for (int small : {256, 0}) {
+            kernel_options ko;
+            ko.moe_small = small;
+            auto p = make_pair(cfg, /*precise_gemm=*/false, false, ko);
+            const model_config& c = p->m.cfg;
+            for (const layer_weights* l : {&p->m.w.layers[0], &p->m.w.layers[3]})
+                for (int T : {17, 33, 100, 255})
+                    for (bool same : {false, true}) {
+                        SCOPED_TRACE("hidden " + std::to_string(c.hidden) + " moe_small=" + std::to_string(small) +
+                                     " layer " + (l == &p->m.w.layers[0] ? "0" : "3") + " T=" + std::to_string(T) +
+                                     (same ? " (one token repeated)" : ""));
+                        const uint32_t seed = 700 + (uint32_t)T + (l == &p->m.w.layers[0] ? 0u : 1000u);
+                        twin xm(*p, T, c.hidden, seed, 2.0f);
+                        if (same) {  // every row the same token: its k experts get all T rows
+                            std::vector<float> v = random_normal((size_t)c.hidden, seed + 1, 2.0f), all;
+                            for (int t = 0; t < T; t++) all.insert(all.end(), v.begin(), v.end());
+                            p->cpu->upload(xm.c.t(), all.data());
+                            p->gpu->upload(xm.g.t(), all.data());
+                        }
+                        const uint64_t n0 = cuda::moe_small_launches();
+                        p->cpu->moe(xm.c.t(), vv(l->post_norm), c.eps, l->moe);
+                        p->gpu->moe(xm.g.t(), vv(l->post_norm), c.eps, l->moe);
+                        EXPECT_EQ(cuda::moe_small_launches() - n0, small ? 1u : 0u) << "the path taken";
+                        EXPECT_LT(xm.diff(*p), TOL_F16_INPUT_OP) << worst_rows(*p, xm);
+                    }
+        }
+}
+
+// Skewed routing (backend_options::router_skew, Zipf-like: a CUDA-only synthetic bias the CPU twin lacks, so CUDA
+// against CUDA): some experts get far more than 16 rows of a batch. The small-M grouped kernels against the decode
+// kernels in groups (T <= 96) or the grouped GEMMs (T > 96), both fast mode with the same routing.
+TEST(cuda_ops, moe_grouped_small_m_skewed) {
+    TANSY_REQUIRE_GPU();
+    for (const model_config& cfg : {tiny_config(), real_config()}) {
+        auto p = make_pair(cfg);
+        backend_options on, off;
+        on.router_skew = off.router_skew = 1.5f;
+        on.kernels.moe_small = 256, off.kernels.moe_small = 0;
+        auto a = make_backend("cuda", cfg, on), b = make_backend("cuda", cfg, off);
+        a->bind(p->m);
+        b->bind(p->m);
+        const model_config& c = p->m.cfg;
+        const layer_weights& l = p->m.w.layers[3];
+        for (int T : {17, 64, 100, 256}) {
+            SCOPED_TRACE("hidden " + std::to_string(c.hidden) + " T=" + std::to_string(T));
+            auto v = random_normal((size_t)T * c.hidden, 900 + (uint32_t)T, 2.0f);
+            buffer xa = a->alloc(T, c.hidden, dtype::f32), xb = b->alloc(T, c.hidden, dtype::f32);
+            a->upload(xa.t(), v.data());
+            b->upload(xb.t(), v.data());
+            const uint64_t n0 = cuda::moe_small_launches();
+            a->moe(xa.t(), vv(l.post_norm), c.eps, l.moe);
+            EXPECT_EQ(cuda::moe_small_launches() - n0, 1u);
+            b->moe(xb.t(), vv(l.post_norm), c.eps, l.moe);
+            EXPECT_EQ(cuda::moe_small_launches() - n0, 1u);
+            std::vector<float> ya(v.size()), yb(v.size());
+            a->download(ya.data(), xa.t());
+            b->download(yb.data(), xb.t());
+            EXPECT_LT(rel_error(ya, yb), TOL_F16_INPUT_OP);
+        }
+    }
 }
 
 // The router tap at other shapes: hidden 1024 (one int8 chunk per lane), expert width 128, 40 experts top-5 and

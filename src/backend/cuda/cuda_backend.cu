@@ -366,20 +366,22 @@ class cuda_backend final : public backend {
         int32_t* idx = ws_idx_.ensure((size_t)T * k);
         float* wt = ws_wt_.ensure((size_t)T * k);
         float* sig = ws_sig_.ensure((size_t)T);
-        const bool in_groups = plan_.moe_in_groups(T);  // a decode batch of 17+ rows on the decode kernels
-        const bool grouped =
-            !in_groups && use_gemm(T, {&md.m.gate, &md.m.up, &md.m.down, &md.m.s_gate, &md.m.s_up, &md.m.s_down});
+        // a decode batch of 17+ rows: the small-M grouped kernels (fast mode), else the decode kernels in groups
+        const bool small = plan_.moe_in_small(T) && !precise_gemm_ && moe_small_supports(md.m);
+        const bool in_groups = !small && plan_.moe_in_groups(T);
+        const bool grouped = !small && !in_groups &&
+                             use_gemm(T, {&md.m.gate, &md.m.up, &md.m.down, &md.m.s_gate, &md.m.s_up, &md.m.s_down});
         // the experts' fp32 activations: the GEMV path's and the precise GEMMs' (fast GEMMs keep them in fp16)
-        float* h = grouped && !precise_gemm_
+        float* h = (grouped && !precise_gemm_) || small
                        ? nullptr
                        : ws_h_.ensure((size_t)T * (k + 1) * std::max(cfg_.expert_inter, cfg_.shared_inter));
-        float* y = grouped ? ws_y_.ensure((size_t)T * (k + 1) * md.m.D) : nullptr;
+        float* y = grouped || small ? ws_y_.ensure((size_t)T * (k + 1) * md.m.D) : nullptr;
         // the shared expert needs only the normalised input: on the side stream, alongside the router, top-k,
         // routing plan and routed experts (the router GEMM alone leaves a third of the SMs idle)
         // fast mode: the experts' A operands in fp16 (the input once for all gate/up GEMMs, the SwiGLU outputs
         // written so directly); nullptr in precise mode
         uint16_t *m16 = nullptr, *h16 = nullptr;
-        if (grouped && !precise_gemm_) {
+        if ((grouped || small) && !precise_gemm_) {
             m16 = ws_m16_.ensure((size_t)T * md.m.D);
             to_f16(m16, xin, T, md.m.D, x.cols, 1.0f, stream_);
             h16 = ws_h16_.ensure((size_t)T * (k + 1) * std::max(md.m.F, md.m.Fs));
@@ -401,9 +403,12 @@ class cuda_backend final : public backend {
         }
         moe_routing route;
         route.logits = logits, route.ld = E + 1, route.bias = md.router_bias, route.idx = idx, route.wt = wt, route.sig = sig;
-        if (grouped) {
+        if (grouped || small) {
             moe_topk(route, T, E, k, stream_);
-            moe_grouped(f32(x), x.cols, md.m, xin, m16, idx, wt, sig, h, h16, y, T);
+            if (small)
+                moe_grouped_small(f32(x), x.cols, md.m, m16, idx, wt, sig, h16, y, T);
+            else
+                moe_grouped(f32(x), x.cols, md.m, xin, m16, idx, wt, sig, h, h16, y, T);
             return;
         }
         // fast mode: inputs rounded as the grouped GEMM's fp16 operands (m16, and h16 = h * k_down_a_scale);
@@ -751,6 +756,24 @@ class cuda_backend final : public backend {
 
         CUDA_CHECK(cudaStreamWaitEvent(stream_, ev_join_, 0));
         moe_combine(x, ldx, y, y + (size_t)T * k * D, pos_of, wt, sig, T, k, D, stream_);
+    }
+
+    // A decode batch's MoE on the small-M grouped kernels (fast mode, moe_small_supports): the routing plan in tiles
+    // of <= 16 sorted rows with the shared expert's rows [T k, T k + T) as expert E, gate/up with SwiGLU into h16,
+    // down into y (rows as moe_grouped's), then the combine into x. m16 = the normalised input in fp16 [T, D]; h16:
+    // T*(k+1)*F halves, y: T*(k+1)*D floats.
+    void moe_grouped_small(float* x, int64_t ldx, const dmoe& md, const uint16_t* m16, const int32_t* idx,
+                           const float* wt, const float* sig, uint16_t* h16, float* y, int T) {
+        const int E = md.E, k = md.k;
+        const int max_tiles = moe_max_tiles(T, E, k, k_moe_small_bm, /*shared=*/true);
+        int32_t* perm = ws_perm_.ensure((size_t)T * k);
+        int32_t* pos_of = ws_pos_.ensure((size_t)T * k);
+        gemm_tile* tiles = ws_tiles_.ensure((size_t)max_tiles);
+        int32_t* n_tiles = ws_ntiles_.ensure(1);
+        moe_plan(perm, pos_of, tiles, n_tiles, idx, T, E, k, k_moe_small_bm, stream_, /*shared=*/true);
+        moe_small_gate_up(h16, md, m16, perm, tiles, n_tiles, max_tiles, T, k_down_a_scale, stream_);
+        moe_small_down(y, md, h16, tiles, n_tiles, max_tiles, T, k_down_a_scale, stream_);
+        moe_combine(x, ldx, y, y + (size_t)T * k * md.D, pos_of, wt, sig, T, k, md.D, stream_);
     }
 
     // Row -> (sequence, offset) and sequence -> state tables on the device, re-uploaded only when the batch's

@@ -5,8 +5,9 @@
 //   moe_decode_warp    fast mode, 4-bit rows: int8 inputs, per-warp rings; one token: routing from the router tap
 //   moe_decode_stream  4-bit rows otherwise (gate/up), any format (down): block rings of whole-row tiles
 //   moe_general        gate/up for everything else, after moe_route's top-k launch
-// Up to 16 rows in one launch each; 17 .. kernel_plan::moe_groups rows in groups of <= 16 (cuda_backend.cu); more
-// rows (prompts) take the grouped GEMMs instead (moe_grouped.cu, gemm.cu).
+// Up to 16 rows in one launch each; 17 .. kernel_plan::moe_small rows (fast mode) take the small-M grouped kernels
+// (moe_grouped_mma.cu), else 17 .. kernel_plan::moe_groups rows run in groups of <= 16 (cuda_backend.cu); more rows
+// (prompts) take the grouped GEMMs instead (moe_grouped.cu, gemm.cu).
 #include "backend/cuda/moe_family.cuh"
 
 namespace tansy::cuda {
