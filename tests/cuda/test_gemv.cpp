@@ -134,6 +134,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // blocks (steps of 4, 4, 4 and 1), groups of 256, 15 rows
                       gemv_case{0, 33779, 2048, 16, true, true, true}, gemv_case{0, 33779, 832, 7, true, true, true},
                       gemv_case{0, 500, 1024, 6, false, true, true, 256}, gemv_case{0, 1500, 2048, 15, true, false, true},
+                      // 17..32 rows (no norm prologue): three or four n8 column groups per A fragment where the
+                      // staged x fits (K <= 2048: one launch; several k-chunks folded; one 64-column block; groups of
+                      // 128), else (K = 4096) groups of 8 rows on the ring kernel
+                      gemv_case{0, 4099, 2048, 17, false, true, true}, gemv_case{0, 2131, 2048, 24, false, false, true},
+                      gemv_case{0, 12352, 2048, 32, false, true, true}, gemv_case{0, 5, 2048, 25, false, false, true},
+                      gemv_case{0, 100, 64, 29, false, false, true}, gemv_case{0, 300, 1024, 27, false, true, true, 128},
+                      gemv_case{0, 2051, 4096, 32, false, true, true},
                       // groups of 32: the ring tensor-core kernel's several-row form (tokens_dot)
                       gemv_case{0, 300, 1024, 5, false, true, true, 32}, gemv_case{0, 77, 2048, 12, true, false, true, 32}));
 

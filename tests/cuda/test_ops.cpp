@@ -186,6 +186,7 @@ TEST(cuda_ops, moe_grouped_small_m) {
         for (int small : {256, 0}) {
             kernel_options ko;
             ko.moe_small = small;
+            if (small) ko.moe_groups = 0;  // from 17 rows (by default the groups keep rows below k_moe_small_min_rows)
             auto p = make_pair(cfg, /*precise_gemm=*/false, false, ko);
             const model_config& c = p->m.cfg;
             for (const layer_weights* l : {&p->m.w.layers[0], &p->m.w.layers[3]})
@@ -221,6 +222,7 @@ TEST(cuda_ops, moe_grouped_small_m_skewed) {
         backend_options on, off;
         on.router_skew = off.router_skew = 1.5f;
         on.kernels.moe_small = 256, off.kernels.moe_small = 0;
+        on.kernels.moe_groups = 0;  // 17 rows too
         auto a = make_backend("cuda", cfg, on), b = make_backend("cuda", cfg, off);
         a->bind(p->m);
         b->bind(p->m);

@@ -109,18 +109,21 @@ TEST(kernel_plan, describes_each_row_range) {
     EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, true, o).describe().find("precise"), std::string::npos);
 }
 
-// moe_small: MoE blocks of 17 .. N rows on the small-M grouped kernels, fast mode only, ahead of moe_groups.
+// moe_small: MoE blocks of 17 .. N rows on the small-M grouped kernels, fast mode only, ahead of moe_groups from
+// k_moe_small_min_rows rows (below it where moe_groups takes the rows).
 TEST(kernel_plan, moe_small_rows) {
     cuda::kernel_device dev;
     dev.name = "test device", dev.cc = 90, dev.sms = 132, dev.smem_optin = 227 * 1024;
     const cuda::kernel_plan d = cuda::make_kernel_plan(dev, nullptr, false, {});
     EXPECT_EQ(d.moe_small, cuda::k_moe_small_max_rows);
     EXPECT_FALSE(d.moe_in_small(cuda::k_gemm_min_rows - 1));
-    EXPECT_TRUE(d.moe_in_small(cuda::k_gemm_min_rows));
+    EXPECT_FALSE(d.moe_in_small(cuda::k_gemm_min_rows));  // the groups' rows
+    EXPECT_FALSE(d.moe_in_small(cuda::k_moe_small_min_rows - 1));
+    EXPECT_TRUE(d.moe_in_small(cuda::k_moe_small_min_rows));
     EXPECT_TRUE(d.moe_in_small(cuda::k_moe_small_max_rows));
     EXPECT_FALSE(d.moe_in_small(cuda::k_moe_small_max_rows + 1));
     EXPECT_NE(d.describe().find("moe_small=256"), std::string::npos) << d.describe();
-    EXPECT_NE(d.describe().find("17-256 rows moe: small-M grouped kernels"), std::string::npos) << d.describe();
+    EXPECT_NE(d.describe().find("32-256 rows moe: small-M grouped kernels"), std::string::npos) << d.describe();
     const cuda::kernel_plan precise = cuda::make_kernel_plan(dev, nullptr, true, {});
     EXPECT_FALSE(precise.moe_in_small(32));  // fast mode only
     EXPECT_EQ(precise.describe().find("small-M"), std::string::npos) << precise.describe();
@@ -131,7 +134,9 @@ TEST(kernel_plan, moe_small_rows) {
     EXPECT_EQ(off.describe().find("small-M"), std::string::npos) << off.describe();
     EXPECT_EQ(off.source, "--kernels");
     o.moe_small = 64;
+    o.moe_groups = 0;  // no groups: the small-M kernels from 17 rows
     const cuda::kernel_plan p64 = cuda::make_kernel_plan(dev, nullptr, false, o);
+    EXPECT_TRUE(p64.moe_in_small(17));
     EXPECT_TRUE(p64.moe_in_small(64));
     EXPECT_FALSE(p64.moe_in_small(65));
     EXPECT_NE(p64.describe().find("17-64 rows moe: small-M"), std::string::npos) << p64.describe();

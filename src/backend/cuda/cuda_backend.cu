@@ -413,7 +413,7 @@ class cuda_backend final : public backend {
         }
         // fast mode: inputs rounded as the grouped GEMM's fp16 operands (m16, and h16 = h * k_down_a_scale);
         // more rows than the decode kernels take: in groups, one after another
-        for_each_row_group(T, [&](int t0, int n) {
+        for_each_row_group(T, k_mma_max_tokens, [&](int t0, int n) {
             moe_routing rg = route;
             rg.logits += (size_t)t0 * (E + 1), rg.idx += (size_t)t0 * k, rg.wt += (size_t)t0 * k, rg.sig += t0;
             moe_route_gate_up(h, md.m, rg, xin + (size_t)t0 * x.cols, x.cols, n, nw, eps, /*f16=*/!precise_gemm_, stream_);
@@ -664,21 +664,22 @@ class cuda_backend final : public backend {
             return;
         }
         const bool f16 = !(precise || precise_gemm_);
-        if (!plan_.dense_in_groups(T)) return dense_gemv(W, x, ldx, T, nw, eps, seg, n_seg, accumulate, f16);
-        // a decode batch of 17+ rows on the GEMV kernels, in groups
+        // fp32 inputs (the router, precise mode) take the general GEMV, which walks any number of rows in one launch
+        if (!plan_.dense_in_groups(T) || !f16) return dense_gemv(W, x, ldx, T, nw, eps, seg, n_seg, accumulate, f16);
+        // a decode batch of 17+ rows on the tensor-core GEMV kernels, in groups
         TANSY_CHECK(nw == nullptr, "dense: normalise the input of %d rows first", T);
-        for_each_row_group(T, [&](int t0, int n) {
+        for_each_row_group(T, gemv_max_rows(W), [&](int t0, int n) {
             gemv_segment sg[4];
             for (int i = 0; i < n_seg; i++) sg[i] = seg[i], sg[i].out = seg[i].out + (size_t)t0 * seg[i].ld;
             dense_gemv(W, x + (size_t)t0 * ldx, ldx, n, nullptr, eps, sg, n_seg, accumulate, f16);
         });
     }
 
-    // Rows [0, T) in even groups of at most k_mma_max_tokens (17 = 9 + 8), the decode kernels' row counts:
+    // Rows [0, T) in even groups of at most max_rows (16: 17 = 9 + 8), the decode kernels' row counts:
     // fn(first row, rows) for each, in order.
     template <class Fn>
-    static void for_each_row_group(int T, Fn&& fn) {
-        const int n_groups = (T + k_mma_max_tokens - 1) / k_mma_max_tokens;
+    static void for_each_row_group(int T, int max_rows, Fn&& fn) {
+        const int n_groups = (T + max_rows - 1) / max_rows;
         for (int g = 0, t0 = 0; g < n_groups; g++) {
             const int n = (T - t0) / (n_groups - g);
             fn(t0, n);

@@ -1,7 +1,7 @@
 // GEMV: y[t] = W x[t] for a few input rows t (decode steps, small batches), W of 4-bit / 8-bit affine or bf16
 // rows (y = sum_g scale_g (q . x)_g + bias_g sum_g x), x optionally RMS-normalised in the prologue. This file is
 // the dispatch; each family has its own file (gemv_family.cuh), tried in this order:
-//   gemv_mma_warp   2..16 rows, 4-bit, fast mode: tensor cores, A fragments from global memory per warp
+//   gemv_mma_warp   2..32 rows, 4-bit, fast mode: tensor cores, A fragments from global memory per warp
 //   gemv_mma        1..16 rows, 4-bit: tensor cores through a block ring (16 rows in groups of 8 where they fit)
 //   gemv_warp       one row, 4-bit, fast mode: int8 inputs, per-warp rings; optional router tap
 //   gemv_stream     one row, other formats/modes: whole-row tiles through a block ring
@@ -61,6 +61,12 @@ bool gemv_router_tap_supports(const gemv_params& p) {
            R.rows <= k_stream_threads && p.tap.nw;
 }
 
+int gemv_max_rows(const dmat& W) {
+    gemv_params p;
+    p.W = W, p.T = k_mma_warp_max_tokens, p.f16_inputs = true;
+    return plan_mma_warp(p).blocks > 0 ? k_mma_warp_max_tokens : k_mma_max_tokens;
+}
+
 int gemv_lanes_per_row(int64_t n_chunks) {
     int L = 1;
     while (L < 32 && 2 * L <= n_chunks) L *= 2;
@@ -76,7 +82,7 @@ void gemv(const gemv_params& p, cudaStream_t stream) {
     TANSY_CHECK(!p.norm_w || p.T <= k_gemv_max_norm_rows, "gemv: norm prologue with T=%d", p.T);
     TANSY_CHECK(p.n_seg >= 1 && p.n_seg <= 4 && p.seg[0].row0 == 0, "gemv: %d segments", p.n_seg);
     if (p.W.rows == 0) return;
-    if (const mma_warp_plan pl = plan_mma_warp(p); pl.blocks > 0) {  // 2..16 rows on tensor cores, per warp
+    if (const mma_warp_plan pl = plan_mma_warp(p); pl.blocks > 0) {  // 2..32 rows on tensor cores, per warp
         run_mma_warp(p, pl, stream);
         CUDA_CHECK_LAUNCH();
         return;

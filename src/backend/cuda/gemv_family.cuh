@@ -44,7 +44,7 @@ void run_warp(const gemv_params& p, int cpl, int slots, cudaStream_t stream);
 // gemv_mma.cu: 4-bit rows on tensor cores through a block ring, 1..16 input rows.
 bool mma_gemv_supports(const gemv_params& p);
 void run_mma(const gemv_params& p, cudaStream_t stream);
-// gemv_mma_warp.cu: 2..16 input rows of 4-bit rows on tensor cores, per warp from global memory.
+// gemv_mma_warp.cu: 2..32 input rows of 4-bit rows on tensor cores, per warp from global memory.
 // gemv_mma_warp_kernel's launch: the k-chunks per 16-row block (a divisor of K / 64) that give the busiest warp
 // the least work (its 64-column blocks, plus one per item for its flush), fewer chunks on a tie (a smaller
 // fold); blocks = 0 where it does not apply.

@@ -1,8 +1,9 @@
-// GEMV on tensor cores per warp: 2..16 input rows (a decode batch) of 4-bit rows, mma.m16n8k16 with the input
-// rows as B columns. A warp takes (16-row block, k-chunk) items and loads its A fragments straight from global
-// memory into registers a step ahead of the one it multiplies (the first two before the PDL wait: weights only);
-// the block's only barriers are the staging's and, with several k-chunks, the fold's. Faster than the ring form
-// (gemv_mma.cu) for a batch: no tile barriers or fold per tile, and 16 rows' x fits at K = 4096.
+// GEMV on tensor cores per warp: 2..32 input rows (a decode batch: up to k_mma_warp_max_tokens where their x fits
+// in shared memory, e.g. 32 rows at K = 2048, 16 at K = 4096) of 4-bit rows, mma.m16n8k16 with the input rows as
+// B columns. A warp takes (16-row block, k-chunk) items and loads its A fragments straight from global memory into
+// registers a step ahead of the one it multiplies (the first two before the PDL wait: weights only); the block's
+// only barriers are the staging's and, with several k-chunks, the fold's. Faster than the ring form (gemv_mma.cu)
+// for a batch: no tile barriers or fold per tile, and each weight fragment serves up to 32 rows.
 #include <algorithm>
 
 #include "backend/cuda/gemv_family.cuh"
@@ -24,7 +25,7 @@ constexpr int k_mw_threads = 512, k_mw_step = 4;
 
 // The T rows of x for gemv_mma_warp_kernel: row t at s_hi + t * xs (fp16, rounded as the fast GEMM's operands;
 // within a word the values permuted as stage_x_mma's, each 64-column block's words in the order 0 2 4 6 1 3 5 7)
-// and the sums of each 64-column block's rounded values at s_sum[16 b + t]; x * s_inv[t] * nw with nw. The loads
+// and the sums of each 64-column block's rounded values at s_sum[32 b + t]; x * s_inv[t] * nw with nw. The loads
 // of 8 rows are in flight together (not one L2 round trip per row, as stage_x_mma). K % 64 == 0. No barrier.
 __device__ __forceinline__ void stage_x_pairs(uint16_t* s_hi, int64_t xs, float* s_sum, const float* x, int64_t ldx,
                                               int T, const float* nw, const float* s_inv, int64_t K) {
@@ -63,14 +64,14 @@ __device__ __forceinline__ void stage_x_pairs(uint16_t* s_hi, int64_t xs, float*
                 }
 #pragma unroll
                 for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);  // 16 lanes: 64 values
-                if (in && lane % 16 == 0) s_sum[(k / 64) * k_mma_max_tokens + t] = sum;
+                if (in && lane % 16 == 0) s_sum[(k / 64) * k_mma_warp_max_tokens + t] = sum;
             }
         }
     }
 }
 
 // grid: blocks of 16-row blocks [n_rb b / grid, n_rb (b + 1) / grid); nkc k-chunks of K / 64 / nkc blocks each.
-// NG: groups of 8 input rows per A fragment (T <= 8 NG). Shared memory: x [T][K + 32] fp16 | sums [K/64][16] |
+// NG: groups of 8 input rows per A fragment (T <= 8 NG). Shared memory: x [T][K + 32] fp16 | sums [K/64][32] |
 // (nkc > 1) partials [items][16 rows][T].
 template <int NG>
 __global__ void __launch_bounds__(k_mw_threads) gemv_mma_warp_kernel(const gemv_params p, int nkc, int gshift) {
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(k_mw_threads) gemv_mma_warp_kernel(const gemv_
     const int64_t xs = mma_x_stride(K);
     uint16_t* s_hi = reinterpret_cast<uint16_t*>(smem);
     float* s_sum = reinterpret_cast<float*>(smem + align16(2 * T * xs));
-    float* s_red = s_sum + nb * k_mma_max_tokens;
+    float* s_red = s_sum + nb * k_mma_warp_max_tokens;
     const int64_t n_rb = (N + 15) / 16, rb0 = n_rb * blockIdx.x / gridDim.x, rb1 = n_rb * (blockIdx.x + 1) / gridDim.x;
     const int n_items = (int)(rb1 - rb0) * nkc;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -121,8 +122,8 @@ __global__ void __launch_bounds__(k_mw_threads) gemv_mma_warp_kernel(const gemv_
     pdl_wait();
     if (p.norm_w) block_inv_rms_rows<8>(s_inv, p.x, p.ldx, T, K, p.eps);
     stage_x_pairs(s_hi, xs, s_sum, p.x, p.ldx, T, p.norm_w, s_inv, K);
-    for (int i = threadIdx.x; i < nb * (k_mma_max_tokens - T); i += blockDim.x)  // the sums' unused columns
-        s_sum[(i / (k_mma_max_tokens - T)) * k_mma_max_tokens + T + i % (k_mma_max_tokens - T)] = 0.0f;
+    for (int i = threadIdx.x; i < nb * (k_mma_warp_max_tokens - T); i += blockDim.x)  // the sums' unused columns
+        s_sum[(i / (k_mma_warp_max_tokens - T)) * k_mma_warp_max_tokens + T + i % (k_mma_warp_max_tokens - T)] = 0.0f;
     __syncthreads();
 
     const uint16_t* xb[NG];  // this lane's B column: token 8 n + g (token 0 past T: that column is dropped)
@@ -155,7 +156,7 @@ __global__ void __launch_bounds__(k_mw_threads) gemv_mma_warp_kernel(const gemv_
             const float s0 = sb_scale(r.s[b][0]), z0 = sb_bias(r.s[b][0]), s1 = sb_scale(r.s[b][1]), z1 = sb_bias(r.s[b][1]);
 #pragma unroll
             for (int n = 0; n < NG; n++) {
-                const float2 sx = *reinterpret_cast<const float2*>(s_sum + blk * k_mma_max_tokens + 8 * n + 2 * c);
+                const float2 sx = *reinterpret_cast<const float2*>(s_sum + blk * k_mma_warp_max_tokens + 8 * n + 2 * c);
                 y[n][0] += s0 * acc[n][0] + z0 * sx.x, y[n][1] += s0 * acc[n][1] + z0 * sx.y;
                 y[n][2] += s1 * acc[n][2] + z1 * sx.x, y[n][3] += s1 * acc[n][3] + z1 * sx.y;
             }
@@ -210,12 +211,12 @@ mma_warp_plan plan_mma_warp(const gemv_params& p) {
     mma_warp_plan pl;
     const dmat& W = p.W;
     const int groups64 = W.group / 64;
-    if (p.T < 2 || p.T > k_mma_max_tokens || !p.f16_inputs || !mma_decode_enabled(mma_gemvn) || !mma_dot_supports(W) ||
+    if (p.T < 2 || p.T > k_mma_warp_max_tokens || (p.norm_w && p.T > k_mma_max_tokens) || !p.f16_inputs || !mma_decode_enabled(mma_gemvn) || !mma_dot_supports(W) ||
         W.group % 64 != 0 || (groups64 & (groups64 - 1)) != 0 || W.cols % 64 != 0 || W.rows < 1)
         return pl;
     const int64_t n_rb = (W.rows + 15) / 16, blocks = std::min<int64_t>(n_rb, sm_count()), rbpb = (n_rb + blocks - 1) / blocks;
     const int nb = (int)(W.cols / 64), warps = k_mw_threads / 32;
-    const size_t fixed = (size_t)align16(2 * p.T * mma_x_stride(W.cols)) + (size_t)nb * k_mma_max_tokens * 4;
+    const size_t fixed = (size_t)align16(2 * p.T * mma_x_stride(W.cols)) + (size_t)nb * k_mma_warp_max_tokens * 4;
     int64_t best = -1;
     for (int nkc = 1; nkc <= nb; nkc++) {
         if (nb % nkc) continue;
@@ -232,7 +233,9 @@ mma_warp_plan plan_mma_warp(const gemv_params& p) {
 
 void run_mma_warp(const gemv_params& p, const mma_warp_plan& pl, cudaStream_t stream) {
     if (p.T <= 8) launch_mma_warp_as<1>(p, pl, stream);
-    else launch_mma_warp_as<2>(p, pl, stream);
+    else if (p.T <= 16) launch_mma_warp_as<2>(p, pl, stream);
+    else if (p.T <= 24) launch_mma_warp_as<3>(p, pl, stream);
+    else launch_mma_warp_as<4>(p, pl, stream);
 }
 
 }  // namespace tansy::cuda::gemv_impl

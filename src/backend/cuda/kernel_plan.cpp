@@ -182,18 +182,20 @@ std::string kernel_plan::describe(const char* indent) const {
          int8 ? "moe_decode_warp (int8), else " : "",
          int8 ? ", or one token's from out_proj's tap" : "");
     if (dense_groups >= k_gemm_min_rows)
-        line("%d-%d rows  dense: the 2-%d row kernels above in groups of <= %d rows", k_gemm_min_rows, dense_groups,
-             k_gemm_min_rows - 1, k_mma_max_tokens);
+        line("%d-%d rows  dense: the 2-%d row kernels above in groups of <= %d rows (<= %d where gemv_mma_warp.cu takes "
+             "them: K = 2048); fp32 inputs (the router) in one launch of the general GEMV", k_gemm_min_rows, dense_groups,
+             k_gemm_min_rows - 1, k_mma_max_tokens, k_mma_warp_max_tokens);
     line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s",
          std::max(k_gemm_min_rows, dense_groups + 1),
          k_gemm_wide_min_rows, !fast ? " (fast mode only)" : wgmma() ? " (4-bit: wgmma)" : " (mma.sync)");
-    if (fast && moe_small >= k_gemm_min_rows)
+    const int small_from = moe_groups >= k_gemm_min_rows ? std::min(k_moe_small_min_rows, moe_groups + 1) : k_gemm_min_rows;
+    if (fast && moe_small >= small_from)
         line("%d-%d rows moe: small-M grouped kernels (moe_grouped_mma.cu: tiles of <= %d expert-sorted rows, each "
              "touched expert read once, the shared expert in the same launches) where the experts are 4-bit and suit "
              "them; otherwise as below",
-             k_gemm_min_rows, moe_small, k_mma_max_tokens);
+             small_from, moe_small, k_mma_max_tokens);
     if (moe_groups >= k_gemm_min_rows)
-        line("%d-%d rows  moe: the decode kernels above in groups of <= %d rows; router: a precise GEMM", k_gemm_min_rows,
+        line("%d-%d rows  moe: the decode kernels above in groups of <= %d rows; router: the general GEMV", k_gemm_min_rows,
              moe_groups, k_mma_max_tokens);
     line("%d+ rows   moe: grouped GEMMs over expert-sorted rows (moe_grouped.cu)%s, shared expert on a side stream; "
          "router: a precise GEMM",

@@ -30,6 +30,10 @@ constexpr int k_gemv_max_norm_rows = 16;
 // The tensor-core GEMV takes up to 16 input rows (two mma n-groups of 8); a batch the 16-row form cannot hold
 // runs in groups of 8.
 constexpr int k_mma_max_tokens = 16, k_mma_group_tokens = 8;
+// The per-warp tensor-core GEMV (gemv_mma_warp.cu) takes up to 32 rows where their staged x fits in shared memory
+// (K = 2048: 133 KB; K = 4096 takes 16), without the RMS-norm prologue past k_gemv_max_norm_rows: each weight
+// fragment then serves twice the rows, so a decode batch's dense products run in half the groups.
+constexpr int k_mma_warp_max_tokens = 32;
 // Attention: rows of spans of at least this many rows go to attention_prefill, the others to attention_decode.
 // note: 16 rows keep a 64-row tensor-core tile at least a quarter busy; below that the decode path, which walks
 // the context once per row, is cheap enough. (Without spans every row goes to attention_decode.)
@@ -45,6 +49,9 @@ constexpr int k_gdn_recur_max_rows = 16;
 constexpr int k_decode_groups_max_rows = 96;
 // The default of kernel_plan::moe_small: MoE blocks up to this many rows (fast mode) run moe_grouped_mma.cu.
 constexpr int k_moe_small_max_rows = 256;
+// Below this many rows the decode kernels in groups (where moe_groups takes the rows) measured faster than the
+// small-M grouped kernels (24 rows: two groups of 12), from it slower (docs/PERF.md: decode batches of 17-256).
+constexpr int k_moe_small_min_rows = 32;
 
 // ---- Kernel-family switches
 
@@ -80,8 +87,8 @@ struct kernel_plan {
     int dense_groups = k_decode_groups_max_rows;
     // MoE blocks of k_gemm_min_rows .. moe_small rows in fast mode run the small-M grouped kernels
     // (moe_grouped_mma.cu: tiles of <= 16 expert-sorted rows, each touched expert read once, the shared expert in
-    // the same launches) where the weights suit them (moe_small_supports), before moe_groups and the grouped GEMMs
-    // (0: never).
+    // the same launches) where the weights suit them (moe_small_supports), before the grouped GEMMs and, from
+    // k_moe_small_min_rows rows, before moe_groups (0: never).
     int moe_small = k_moe_small_max_rows;
     std::string source = "defaults";  // where the switches came from: defaults, --kernels, TANSY_KERNELS
 
@@ -90,7 +97,10 @@ struct kernel_plan {
     static bool use_gemm(int64_t rows) { return rows >= k_gemm_min_rows; }
     bool moe_in_groups(int64_t rows) const { return rows >= k_gemm_min_rows && rows <= moe_groups; }
     bool dense_in_groups(int64_t rows) const { return rows >= k_gemm_min_rows && rows <= dense_groups; }
-    bool moe_in_small(int64_t rows) const { return !precise && rows >= k_gemm_min_rows && rows <= moe_small; }
+    bool moe_in_small(int64_t rows) const {
+        return !precise && rows >= k_gemm_min_rows && rows <= moe_small &&
+               (rows >= k_moe_small_min_rows || !moe_in_groups(rows));
+    }
     // The plan in words, one decision a line, each line starting with `indent` (after the first).
     std::string describe(const char* indent = "") const;
 };
