@@ -255,6 +255,8 @@ struct kernel_options {
     int moe_groups = -1;    // >= 0: MoE of 17 .. this many rows on the decode kernels, in groups of <= 16 rows
     int dense_groups = -1;  // >= 0: dense products of 17 .. this many rows on the GEMV kernels, likewise
     int moe_small = -1;     // >= 0: MoE of 17 .. this many rows (fast mode) on the small-M grouped MoE kernels
+    int dense_rows = -1;    // > 0: the most rows of one dense decode-kernel group (16 .. 32)
+    int moe_small_gate_up_items = -1, moe_small_down_items = -1;  // > 0: the small-M MoE kernels' items per warp
 };
 
 struct backend_options {

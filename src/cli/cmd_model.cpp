@@ -43,9 +43,11 @@ void add_engine_options(arg_parser& p) {
                 "it): mma=FAMILIES ('+'-joined gemv1, gemvn, gate_up, down, or all / none: decode products on tensor "
                 "cores; default gemvn), int8=on|off (int8 inputs of the one-row 4-bit decode kernels; default on), "
                 "wgmma=on|off (Hopper wgmma for the prompt GEMMs; default on), moe_groups=N / dense_groups=N (MoE "
-                "blocks / dense products of 17..N rows on the decode kernels in groups of <= 16 rows; default 96, 0: "
-                "off), moe_small=N (MoE blocks of 17..N rows, fast mode, on the small-M grouped MoE kernels; default "
-                "256, 0: off)")
+                "blocks / dense products of 17..N rows on the decode kernels in groups; default 96, 0: off), "
+                "dense_rows=N (the most rows of a dense group, 16..32; default 32 where the kernel takes them), "
+                "moe_small=N (MoE blocks of 32..N rows, or 17..N with moe_groups=0, fast mode, on the small-M grouped "
+                "MoE kernels; default 256, 0: off), moe_small_gu=N / moe_small_dn=N (their items per warp, 1..8; "
+                "default 1 / 2)")
         .option("--verbose", "", "log loading details", "-v");
 }
 

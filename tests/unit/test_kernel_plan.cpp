@@ -36,6 +36,14 @@ TEST(kernel_plan, parses_kernel_options) {
     EXPECT_EQ(n.moe_small, 128);
     EXPECT_EQ(cuda::parse_kernel_options("moe_groups=32,moe_small=0", &n), "");
     EXPECT_EQ(n.moe_small, 0);
+    EXPECT_EQ(cuda::parse_kernel_options("dense_rows=16;moe_small_gu=2;moe_small_dn=4", &n), "");
+    EXPECT_EQ(n.dense_rows, 16);
+    EXPECT_EQ(n.moe_small_gate_up_items, 2);
+    EXPECT_EQ(n.moe_small_down_items, 4);
+    EXPECT_NE(cuda::parse_kernel_options("dense_rows=8", &n), "");    // below a 16-row group
+    EXPECT_NE(cuda::parse_kernel_options("dense_rows=33", &n), "");   // past the kernel's 32
+    EXPECT_NE(cuda::parse_kernel_options("moe_small_dn=0", &n), "");
+    EXPECT_NE(cuda::parse_kernel_options("moe_small_gu=x", &n), "");
     EXPECT_EQ(n.moe_groups, 32);
     for (const char* bad : {"mma=gemv2", "int8=maybe", "tiles=64", "int8", "moe_groups=-1", "moe_groups=", "moe_groups=8x",
                             "moe_small=-3", "moe_small=", "moe_small=all", "moe_small=5000"}) {

@@ -63,8 +63,8 @@ bool gemv_router_tap_supports(const gemv_params& p) {
 
 int gemv_max_rows(const dmat& W) {
     gemv_params p;
-    p.W = W, p.T = k_mma_warp_max_tokens, p.f16_inputs = true;
-    return plan_mma_warp(p).blocks > 0 ? k_mma_warp_max_tokens : k_mma_max_tokens;
+    p.W = W, p.T = std::clamp(active_kernel_plan().dense_rows, k_mma_max_tokens, k_mma_warp_max_tokens), p.f16_inputs = true;
+    return plan_mma_warp(p).blocks > 0 ? p.T : k_mma_max_tokens;
 }
 
 int gemv_lanes_per_row(int64_t n_chunks) {

@@ -77,8 +77,8 @@ void gemv(const gemv_params& p, cudaStream_t stream);
 // (kernel_plan.h: decode_mma_families, decode_int8_inputs).
 // Whether gemv(p) takes the int8-input path (its result then differs from the fp16-input twin by xq.cuh's quantisation).
 bool gemv_int8_inputs(const gemv_params& p);
-// The most input rows of fp16 inputs (fast mode, no norm prologue) one tensor-core GEMV launch takes for W:
-// k_mma_warp_max_tokens where gemv_mma_warp.cu takes them (their x fits in shared memory), else k_mma_max_tokens.
+// The most input rows of fp16 inputs (fast mode, no norm prologue) one tensor-core GEMV launch takes for W: the
+// kernel plan's dense_rows where gemv_mma_warp.cu takes them (their x fits in shared memory), else k_mma_max_tokens.
 // A decode batch's dense products run in even groups of at most this many rows.
 int gemv_max_rows(const dmat& W);
 

@@ -65,11 +65,15 @@ void apply(const kernel_options& o, kernel_plan& p) {
     if (o.moe_groups >= 0) p.moe_groups = o.moe_groups;
     if (o.dense_groups >= 0) p.dense_groups = o.dense_groups;
     if (o.moe_small >= 0) p.moe_small = o.moe_small;
+    if (o.dense_rows > 0) p.dense_rows = o.dense_rows;
+    if (o.moe_small_gate_up_items > 0) p.moe_small_gate_up_items = o.moe_small_gate_up_items;
+    if (o.moe_small_down_items > 0) p.moe_small_down_items = o.moe_small_down_items;
 }
 
 bool any(const kernel_options& o) {
     return o.mma_families >= 0 || o.int8_inputs >= 0 || o.gemm_wgmma >= 0 || o.moe_groups >= 0 ||
-           o.dense_groups >= 0 || o.moe_small >= 0;
+           o.dense_groups >= 0 || o.moe_small >= 0 || o.dense_rows > 0 || o.moe_small_gate_up_items > 0 ||
+           o.moe_small_down_items > 0;
 }
 
 // TANSY_KERNELS: the debug override, on top of whatever the options chose. A malformed value aborts (it is set by
@@ -97,6 +101,8 @@ kernel_plan& active() {
 
 }  // namespace
 
+const char* const k_keys = "mma, int8, wgmma, moe_groups, dense_groups, moe_small, dense_rows, moe_small_gu, moe_small_dn";
+
 std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
     for (size_t i = 0; i <= spec.size();) {
         size_t j = spec.find_first_of(",;", i);
@@ -105,7 +111,7 @@ std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
         i = j + 1;
         if (item.empty()) continue;
         const size_t eq = item.find('=');
-        if (eq == std::string::npos) return "'" + item + "' is not KEY=VALUE (keys: mma, int8, wgmma, moe_groups, dense_groups, moe_small)";
+        if (eq == std::string::npos) return "'" + item + "' is not KEY=VALUE (keys: " + k_keys + ")";
         const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
         if (key == "mma") {
             unsigned f = 0;
@@ -122,8 +128,16 @@ std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
             const long n = strtol(val.c_str(), &end, 10);
             if (val.empty() || *end || n < 0 || n > 4096) return key + " takes a row count in 0..4096, got '" + val + "'";
             (key == "moe_groups" ? opt->moe_groups : key == "dense_groups" ? opt->dense_groups : opt->moe_small) = (int)n;
+        } else if (key == "dense_rows" || key == "moe_small_gu" || key == "moe_small_dn") {
+            const bool rows = key == "dense_rows";
+            const long lo = rows ? k_mma_max_tokens : 1, hi = rows ? k_mma_warp_max_tokens : 8;
+            char* end = nullptr;
+            const long n = strtol(val.c_str(), &end, 10);
+            if (val.empty() || *end || n < lo || n > hi)
+                return key + " takes " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" + val + "'";
+            (rows ? opt->dense_rows : key == "moe_small_gu" ? opt->moe_small_gate_up_items : opt->moe_small_down_items) = (int)n;
         } else {
-            return "unknown key '" + key + "' (mma, int8, wgmma, moe_groups, dense_groups, moe_small)";
+            return "unknown key '" + key + "' (" + k_keys + ")";
         }
     }
     return "";
@@ -155,9 +169,10 @@ std::string kernel_plan::describe(const char* indent) const {
     if (!dev.name.empty())
         line("device     %s: compute capability %d.%d, %d SMs, %zu KB shared memory per block", dev.name.c_str(),
              dev.cc / 10, dev.cc % 10, dev.sms, dev.smem_optin / 1024);
-    line("switches   mma=%s int8=%s wgmma=%s moe_groups=%d dense_groups=%d moe_small=%d (%s)%s",
+    line("switches   mma=%s int8=%s wgmma=%s moe_groups=%d dense_groups=%d moe_small=%d dense_rows=%d moe_small_gu=%d "
+         "moe_small_dn=%d (%s)%s",
          families_name(mma_families).c_str(), int8_inputs ? "on" : "off", gemm_wgmma ? "on" : "off", moe_groups,
-         dense_groups, moe_small, source.c_str(),
+         dense_groups, moe_small, dense_rows, moe_small_gate_up_items, moe_small_down_items, source.c_str(),
          gemm_wgmma && !wgmma() ? "; wgmma: not in this build or not on this device" : "");
     line("mode       %s", precise ? "precise (--gemm precise): split-bf16 GEMM operands, fp32 decode inputs"
                                   : "fast: fp16 GEMM operands; decode inputs rounded to fp16 as the GEMMs' are");
@@ -184,7 +199,7 @@ std::string kernel_plan::describe(const char* indent) const {
     if (dense_groups >= k_gemm_min_rows)
         line("%d-%d rows  dense: the 2-%d row kernels above in groups of <= %d rows (<= %d where gemv_mma_warp.cu takes "
              "them: K = 2048); fp32 inputs (the router) in one launch of the general GEMV", k_gemm_min_rows, dense_groups,
-             k_gemm_min_rows - 1, k_mma_max_tokens, k_mma_warp_max_tokens);
+             k_gemm_min_rows - 1, k_mma_max_tokens, dense_rows);
     line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s",
          std::max(k_gemm_min_rows, dense_groups + 1),
          k_gemm_wide_min_rows, !fast ? " (fast mode only)" : wgmma() ? " (4-bit: wgmma)" : " (mma.sync)");

@@ -90,6 +90,12 @@ struct kernel_plan {
     // the same launches) where the weights suit them (moe_small_supports), before the grouped GEMMs and, from
     // k_moe_small_min_rows rows, before moe_groups (0: never).
     int moe_small = k_moe_small_max_rows;
+    // A decode batch's dense products run in even groups of at most this many rows where gemv_mma_warp.cu takes
+    // them (else k_mma_max_tokens): 16 .. k_mma_warp_max_tokens.
+    int dense_rows = k_mma_warp_max_tokens;
+    // The small-M MoE kernels' grid: items (16 weight rows x the whole K) per warp, which sets the slices of each
+    // tile and so how often a tile's rows are staged (gate/up items are twice as long as down's).
+    int moe_small_gate_up_items = 1, moe_small_down_items = 2;
     std::string source = "defaults";  // where the switches came from: defaults, --kernels, TANSY_KERNELS
 
     bool mma(mma_family f) const { return (mma_families & f) != 0; }
@@ -130,6 +136,8 @@ bool set_gemm_wgmma_requested(bool on);
 //   moe_groups=N   MoE blocks of 17..N rows on the decode kernels in groups of <= 16 rows (0: grouped GEMMs)
 //   dense_groups=N dense products of 17..N rows on the GEMV kernels in groups of <= 16 rows (0: GEMMs)
 //   moe_small=N    MoE blocks of 17..N rows (fast mode) on the small-M grouped MoE kernels (0: off)
+//   dense_rows=N   a decode batch's dense products in groups of at most N rows (16..32)
+//   moe_small_gu=N, moe_small_dn=N   the small-M MoE kernels' items per warp, gate/up and down (1..8)
 // Returns an empty string, or what is wrong with the spec.
 std::string parse_kernel_options(const std::string& spec, kernel_options* opt);
 

@@ -35,9 +35,6 @@ using gemv_impl::mma_x_stride;
 constexpr int k_ms_threads = 256, k_ms_warps = k_ms_threads / 32;
 constexpr int k_ms_rows = k_moe_small_bm;
 static_assert(k_ms_rows == 2 * k_mma_group_tokens, "a tile's rows are the B columns of one or two mma groups");
-// Items (16 weight rows) per warp that size the grid's slices: gate/up items are twice as long (two matrices,
-// K = D) as down's (K = F).
-constexpr int k_ms_gate_up_items_per_warp = 1, k_ms_down_items_per_warp = 2;
 
 struct small_params {
     dmat W, W2;     // routed experts stacked [E N, K] (W2: up, gate/up only)
@@ -299,7 +296,7 @@ void moe_small_gate_up(uint16_t* h16, const dmoe& m, const uint16_t* m16, const 
     p.W = m.gate, p.W2 = m.up, p.S = m.s_gate, p.S2 = m.s_up, p.N = m.F, p.E = m.E;
     p.x16 = m16, p.ldx = m.D, p.perm = perm, p.k = m.k, p.Tk = T * m.k;
     p.tiles = tiles, p.n_tiles = n_tiles, p.h16 = h16, p.scale = h_scale, p.gshift = group_shift(m.gate.group);
-    launch_small<true>(p, max_tiles, k_ms_gate_up_items_per_warp, stream);
+    launch_small<true>(p, max_tiles, active_kernel_plan().moe_small_gate_up_items, stream);
 }
 
 void moe_small_down(float* y, const dmoe& m, const uint16_t* h16, const gemm_tile* tiles, const int32_t* n_tiles,
@@ -312,7 +309,7 @@ void moe_small_down(float* y, const dmoe& m, const uint16_t* h16, const gemm_til
     p.W = m.down, p.S = m.s_down, p.N = m.D, p.E = m.E;
     p.x16 = h16, p.ldx = m.F, p.Tk = T * m.k;
     p.tiles = tiles, p.n_tiles = n_tiles, p.y = y, p.scale = 1.0f / h_scale, p.gshift = group_shift(m.down.group);
-    launch_small<false>(p, max_tiles, k_ms_down_items_per_warp, stream);
+    launch_small<false>(p, max_tiles, active_kernel_plan().moe_small_down_items, stream);
 }
 
 uint64_t moe_small_launches() { return g_small_launches.load(std::memory_order_relaxed); }
