@@ -71,7 +71,8 @@ void add_batch_options(arg_parser& p, const std::string& max_batch_default, cons
         .option("--prefill-pace", "R", "while streams decode, size each step's prompt tokens (at most --prefill-budget)\n"
                                        "                            from measured step times so that the step lasts about R\n"
                                        "                            decode-only steps: their gap between two tokens stays near R x\n"
-                                       "                            the steady one, prompts take longer (default 0: off)")
+                                       "                            the steady one, prompts take longer; pieces stay at least as\n"
+                                       "                            long as their fixed cost (default 0: off)")
         .option("--prefix-cache-memory", "MIB", "prompt prefixes kept for reuse (KV + DeltaNet state snapshots), within\n"
                                                 "                            --state-memory (default: 512 on cpu, a quarter of --state-memory on\n"
                                                 "                            cuda; 0: off)")

@@ -274,8 +274,9 @@ void scheduler::emit(sequence& s, token_event ev) {
 
 // The prompt pieces the next step carries, in admission order: at most prefill_budget tokens (at least one piece)
 // while sequences are decoding, so that none of them waits longer than one bounded piece between two tokens
-// (with prefill_pace, as many as keep the step near that many decode steps, and none in a step that measures
-// the decode rows alone: step_pacer.h); the engine's whole prefill chunk when nothing else runs.
+// (with prefill_pace, as many as keep the step near that many decode steps where a piece's fixed cost allows,
+// and none in a step that measures the decode rows alone: step_pacer.h); the engine's whole prefill chunk when
+// nothing else runs.
 std::vector<scheduler::chunk_plan> scheduler::next_chunks(int64_t decode_rows) {
     std::vector<chunk_plan> out;
     const int64_t chunk = eng_.fwd().prefill_chunk;

@@ -4,11 +4,14 @@
 // durations of recent steps:
 //   decode_s   EWMA of decode-only steps at about the current number of decode rows (a quarter more or less;
 //              otherwise stale, and the next step carries no prompt tokens: a probe that measures it)
-//   token_s    EWMA of the time a prompt token adds to a step that also decodes: (step - decode_s) / tokens
-//   budget     (R - 1) x decode_s / token_s, between k_min_piece and the scheduler's prefill budget; k_min_piece
-//              until token_s is measured
-// The per-token time includes a piece's fixed costs, which weigh more on short pieces; sizing from it converges
-// to the piece whose step lasts R decode steps, from below.
+//   piece      what n prompt tokens add to such a step, fitted as fixed_s + token_s n over recent steps of
+//              different n (least squares on EWMA moments): on a GPU a piece's fixed cost is large (a prompt
+//              piece beside a decode batch reads the experts the batch does not)
+//   budget     n with fixed_s + token_s n = (R - 1) decode_s, but never below fixed_s / token_s (a piece's
+//              tokens take at least as long as its fixed cost: smaller pieces would halve the prompts' rate for a
+//              gap the ratio cannot reach anyway) nor k_min_piece; at most the scheduler's prefill budget
+// Before a fit: k_min_piece, then the per-token rule n (R - 1) decode_s / added, or twice the last size when that
+// asks for less than k_min_piece (a second size for the fit).
 #pragma once
 #include <cstdint>
 
@@ -20,6 +23,9 @@ class step_pacer {
     static constexpr int64_t k_min_piece = 64;
     // Weight of the newest step in the averages: a few steps follow a change of batch size.
     static constexpr double k_alpha = 0.25;
+    // The sizes of recent pieces must spread by this share of their mean for a fit (else timing noise would be
+    // fitted).
+    static constexpr double k_min_spread = 0.25;
 
     explicit step_pacer(double ratio = 0) : ratio_(ratio) {}
     bool enabled() const { return ratio_ > 1; }
@@ -28,13 +34,18 @@ class step_pacer {
     // Prompt tokens for the next step that carries `rows` decode rows: at most max_tokens (0: a probe).
     int64_t budget(int64_t max_tokens, int64_t rows) const;
     double decode_s() const { return decode_s_; }
+    double fixed_s() const { return fixed_s_; }  // the fit (token_s() == 0: none yet)
     double token_s() const { return token_s_; }
 
   private:
     bool fresh(int64_t rows) const;  // decode_s_ was measured at about this many rows
     double ratio_;
-    double decode_s_ = 0, token_s_ = 0;  // 0: not measured yet
-    int64_t rows_ = 0;                   // the decode rows decode_s_ was measured at
+    double decode_s_ = 0;  // 0: not measured yet
+    int64_t rows_ = 0;     // the decode rows decode_s_ was measured at
+    // mixed steps since then: EWMA moments of (prompt tokens n, seconds added e), the last one, and the fit
+    int samples_ = 0;
+    double mn_ = 0, me_ = 0, mnn_ = 0, mne_ = 0, last_n_ = 0, last_e_ = 0;
+    double fixed_s_ = 0, token_s_ = 0;
 };
 
 }  // namespace tansy

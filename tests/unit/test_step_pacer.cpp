@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "runtime/step_pacer.h"
 #include "scheduler_test_util.h"
@@ -60,9 +61,10 @@ TEST(step_pacer, converges_to_steps_of_the_ratio) {
 }
 
 TEST(step_pacer, bounds_and_a_new_batch_size) {
-    // a piece's fixed cost above the allowance: the floor keeps the prompts moving
+    // a piece's fixed cost far above the allowance and tokens nearly free: the ratio is out of reach, and pieces
+    // as long as their fixed cost (here past the scheduler's budget) keep the prompts at their rate
     step_pacer slow(2);
-    EXPECT_EQ(settle(slow, {0.010, 0.050, 1e-6}, 8, 30, 2048), step_pacer::k_min_piece);
+    EXPECT_EQ(settle(slow, {0.010, 0.050, 1e-6}, 8, 30, 2048), 2048);
     // cheap tokens: the scheduler's budget caps it
     step_pacer fast(3);
     EXPECT_EQ(settle(fast, {0.010, 0.0, 1e-9}, 8, 30, 2048), 2048);
@@ -72,6 +74,38 @@ TEST(step_pacer, bounds_and_a_new_batch_size) {
     EXPECT_EQ(p.budget(1 << 20, 64), 0);
     const int64_t n64 = settle(p, {0.040, 0.001, 20e-6}, 64, 60, 1 << 20);
     EXPECT_NEAR((double)n64 / (double)n8, (0.080 - 0.001) / (0.020 - 0.001), 0.3);
+}
+
+// As measured on the H100 beside 16 decoding streams (7.9 ms steps): a prompt piece adds ~21 ms of fixed cost
+// (the experts the decode rows do not touch) and ~42 us a token. At ratio 3 the allowance (15.8 ms) is below the
+// fixed cost: the pacer must not shrink the pieces to k_min_piece (each step then spends 21 ms for 64 tokens:
+// prompts at a tenth of their rate), but keep them as long as their fixed cost (~500 tokens). At ratio 12 the
+// target is in reach: (11 x 7.9 - 21) / 0.042 = 1,569 tokens.
+TEST(step_pacer, a_large_fixed_cost_per_piece) {
+    const step_model m{0.0079, 0.021, 42e-6};
+    step_pacer p3(3);
+    const int64_t n3 = settle(p3, m, 16, 40, 2048);
+    EXPECT_NEAR((double)n3, m.a / m.b, 0.05 * m.a / m.b);
+    EXPECT_NEAR(p3.fixed_s(), m.a, 1e-3 * m.a);
+    EXPECT_NEAR(p3.token_s(), m.b, 1e-3 * m.b);
+    step_pacer p12(12);
+    const double want = (11 * m.d - m.a) / m.b;
+    EXPECT_NEAR((double)settle(p12, m, 16, 40, 2048), want, 0.05 * want);
+    // step times off by up to 5% either way (a device's jitter): the pieces stay near the noise-free size
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<double> jitter(0.95, 1.05);
+    step_pacer pn(3);
+    int64_t lo = 1 << 30, hi = 0;
+    for (int i = 0; i < 200; i++) {
+        const int64_t n = pn.budget(2048, 16);
+        if (n == 0)
+            pn.decode_step(m(0) * jitter(rng), 16);
+        else
+            pn.mixed_step(m(n) * jitter(rng), 16, n);
+        if (i >= 20) lo = std::min(lo, n), hi = std::max(hi, n);
+    }
+    EXPECT_GE((double)lo, 0.6 * m.a / m.b) << "never near the k_min_piece collapse";
+    EXPECT_LE((double)hi, 1.6 * m.a / m.b);
 }
 
 TEST(step_pacer, odd_measurements_keep_it_finite) {
