@@ -73,6 +73,22 @@ cuda::device_buffer fp16_of(const cuda::device_buffer& dx, int64_t rows, int64_t
     return b;
 }
 
+// Routing of T tokens to k distinct experts each out of E (E > 10): expert 3 picked by most tokens (so that it has
+// full and partial tiles), 7..9 never (experts without rows).
+std::vector<int32_t> skewed_routing(int T, int E, int k, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> idx((size_t)T * k);
+    for (int t = 0; t < T; t++) {
+        std::vector<int32_t> pool;
+        for (int e = 0; e < E; e++)
+            if (e < 7 || e > 9) pool.push_back(e);
+        std::shuffle(pool.begin(), pool.end(), rng);
+        if (rng() % 8 != 0) std::iter_swap(pool.begin(), std::find(pool.begin(), pool.end(), 3));
+        for (int j = 0; j < k; j++) idx[(size_t)t * k + j] = pool[(size_t)j];
+    }
+    return idx;
+}
+
 }  // namespace
 
 struct gemm_case {
@@ -220,16 +236,7 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
         SCOPED_TRACE(test::gemm_kernel_name(wg));
         for (auto [T, bm] : {std::pair{1, 64}, {37, 64}, {300, 64}, {300, 128}, {600, 128}}) {
             SCOPED_TRACE("T=" + std::to_string(T) + " tiles of " + std::to_string(bm));
-            std::mt19937 rng(1000 + T);
-            std::vector<int32_t> idx((size_t)T * k);
-            for (int t = 0; t < T; t++) {  // distinct experts per token; expert 3 is picked by most tokens, 7..9 never
-                std::vector<int32_t> pool;
-                for (int e = 0; e < E; e++)
-                    if (e < 7 || e > 9) pool.push_back(e);
-                std::shuffle(pool.begin(), pool.end(), rng);
-                if (rng() % 8 != 0) std::iter_swap(pool.begin(), std::find(pool.begin(), pool.end(), 3));
-                for (int j = 0; j < k; j++) idx[(size_t)t * k + j] = pool[(size_t)j];
-            }
+            const std::vector<int32_t> idx = skewed_routing(T, E, k, 1000 + (uint32_t)T);
             auto wt = test::random_uniform((size_t)T * k, 5, 0.0f, 1.0f);
             auto sig = test::random_uniform((size_t)T, 6, 0.0f, 1.0f);
             test_matrix Wg(dfmt::q4, E * F, D, 21), Wu(dfmt::q4, E * F, D, 22), Wd(dfmt::q4, E * D, F, 23);
@@ -330,16 +337,7 @@ TEST(cuda_gemm_grouped, moe_small_kernels_match_cpu_twin) {
     ASSERT_TRUE(cuda::moe_small_supports(m));
     for (int T : {8, 17, 40, 255}) {
         SCOPED_TRACE("T=" + std::to_string(T));
-        std::mt19937 rng(2000 + T);
-        std::vector<int32_t> idx((size_t)T * k);
-        for (int t = 0; t < T; t++) {  // distinct experts per token; expert 3 is picked by most tokens, 7..9 never
-            std::vector<int32_t> pool;
-            for (int e = 0; e < E; e++)
-                if (e < 7 || e > 9) pool.push_back(e);
-            std::shuffle(pool.begin(), pool.end(), rng);
-            if (rng() % 8 != 0) std::iter_swap(pool.begin(), std::find(pool.begin(), pool.end(), 3));
-            for (int j = 0; j < k; j++) idx[(size_t)t * k + j] = pool[(size_t)j];
-        }
+        const std::vector<int32_t> idx = skewed_routing(T, E, k, 2000 + (uint32_t)T);
         auto x = test::random_normal((size_t)T * D, 37, 1.0f);
         const int Tk = T * k, rows = Tk + T, bm = cuda::k_moe_small_bm;
         const int max_tiles = cuda::moe_max_tiles(T, E, k, bm, /*shared=*/true);
