@@ -19,6 +19,7 @@
 #include "runtime/bench.h"
 #include "runtime/metrics.h"
 #include "server/http.h"
+#include "server/http_client.h"
 #include "server/load_client.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
@@ -86,7 +87,32 @@ struct serve_row {
     double round_tok_s = 0;  // the engine's own figures composed for this round's work (round_tok_s below)
     int64_t tokens = 0, prompt_tokens = 0;  // completion tokens of the round; mean prompt tokens per stream
     double wall_s = 0;
+    // the server's side of the TTFT (its /metrics over the round): mean wait for admission and mean time of the
+    // steps that processed a stream's prompt; the rest of ttft is HTTP, templating, tokenizing and streaming
+    double queue_ms_mean = 0, prefill_ms_mean = 0;
 };
+
+// The sums and counts of the server's tansy_queue_wait_seconds and tansy_prefill_seconds histograms.
+struct prompt_sums {
+    double queue_s = 0, prefill_s = 0, n = 0;
+};
+prompt_sums read_prompt_sums(int port) {
+    http_client c("127.0.0.1", port, 30);
+    std::string body, err;
+    if (c.get("/metrics", &body, &err) != 200) fail("bench --serve: GET /metrics: %s", err.c_str());
+    prompt_sums s;
+    std::istringstream in(body);
+    std::string name;
+    double v = 0;
+    for (std::string line; std::getline(in, line);) {
+        std::istringstream l(line);
+        if (!(l >> name >> v)) continue;
+        if (name == "tansy_queue_wait_seconds_sum") s.queue_s = v;
+        if (name == "tansy_prefill_seconds_sum") s.prefill_s = v;
+        if (name == "tansy_prefill_seconds_count") s.n = v;
+    }
+    return s;
+}
 
 // What the engine alone does with a round's work, from its measured rates: C prompts of P tokens prefilled at
 // its prefill rate, then N decode steps at batch C, nothing overlapped. (The scheduler may overlap the two a
@@ -149,16 +175,24 @@ std::vector<serve_row> run_rounds(int port, const prompt_maker& prompts, const s
                 bodies.push_back(request_body(prompts.make(tag, seed, prompt_tokens), m, max_tokens, seed));
             }
             const std::string label = strprintf("concurrency %lld %s", (long long)C, m.name.c_str());
+            const prompt_sums before = read_prompt_sums(port);
             const round_result r = run_round("127.0.0.1", port, "/v1/chat/completions", bodies);
             check_round(r, max_tokens, label.c_str());
+            const prompt_sums after = read_prompt_sums(port);
             rows.push_back(summarise(r, C, m.name, engine_tok_s.at({C, m.name})));
             serve_row& x = rows.back();
             x.round_tok_s = round_tok_s(C, x.prompt_tokens, max_tokens, prefill_tok_s, x.engine_tok_s);
+            if (const double n = after.n - before.n; n > 0) {
+                x.queue_ms_mean = 1e3 * (after.queue_s - before.queue_s) / n;
+                x.prefill_ms_mean = 1e3 * (after.prefill_s - before.prefill_s) / n;
+            }
             fprintf(stderr,
                     "  %-24s %9.1f tok/s (engine %9.1f, round %9.1f)  stream %7.1f tok/s  itl p50 %7.2f ms p99 %7.2f ms  "
-                    "ttft p50 %8.1f ms p99 %8.1f ms  (%lld tokens in %.2f s, prompts %lld tokens)\n",
+                    "ttft p50 %8.1f ms p99 %8.1f ms (server: queue %.1f ms, prompt steps %.1f ms, means)  (%lld tokens in "
+                    "%.2f s, prompts %lld tokens)\n",
                     label.c_str(), x.agg_tok_s, x.engine_tok_s, x.round_tok_s, x.per_stream_tok_s, x.itl_ms_p50,
-                    x.itl_ms_p99, x.ttft_ms_p50, x.ttft_ms_p99, (long long)x.tokens, x.wall_s, (long long)x.prompt_tokens);
+                    x.itl_ms_p99, x.ttft_ms_p50, x.ttft_ms_p99, x.queue_ms_mean, x.prefill_ms_mean, (long long)x.tokens,
+                    x.wall_s, (long long)x.prompt_tokens);
         }
     }
     return rows;
@@ -214,6 +248,8 @@ nlohmann::ordered_json rounds_json(const std::vector<serve_row>& rows) {
                      {"ttft_ms_p99", r.ttft_ms_p99},
                      {"engine_tok_s", r.engine_tok_s},
                      {"round_tok_s", r.round_tok_s},
+                     {"queue_ms_mean", r.queue_ms_mean},
+                     {"prefill_ms_mean", r.prefill_ms_mean},
                      {"completion_tokens", r.tokens},
                      {"wall_s", r.wall_s}});
     return a;
@@ -249,6 +285,8 @@ int cmd_bench_serve(int argc, char** argv) {
                  "                    prefill rate for --prompt-tokens (measured before serving), then\n"
                  "                    --max-tokens steps at engine_tok_s: C x N / (C x P / prefill + C x N /\n"
                  "                    engine_tok_s); what the server would give if it cost nothing on top\n"
+                 "  queue_ms_mean,    the server's share of the TTFT over the round (its /metrics): a stream's mean\n"
+                 "  prefill_ms_mean   wait for admission, and the mean time of the steps that processed its prompt\n"
                  "Token counts come from the usage chunk (stream_options.include_usage). Progress goes to stderr.\n"
                  "\n"
                  "Those are the rounds (--scenario rounds, the default). Other scenarios, in the order listed, on the\n"

@@ -39,7 +39,9 @@ void histogram::write(std::string& out, const std::string& name, const std::stri
 server_metrics::server_metrics()
     : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
       itl_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}),
-      latency_({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}) {}
+      latency_({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}),
+      queue_({0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+      prefill_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}) {}
 
 void server_metrics::request_done(const std::string& endpoint, int status) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -65,6 +67,12 @@ void server_metrics::inter_token(double s) {
 void server_metrics::request_latency(double s) {
     std::lock_guard<std::mutex> lk(mu_);
     latency_.observe(s);
+}
+
+void server_metrics::prompt_timing(double queue_s, double prefill_s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.observe(queue_s);
+    prefill_.observe(prefill_s);
 }
 
 void server_metrics::rejected(const std::string& reason) {
@@ -110,6 +118,9 @@ std::string server_metrics::render(const scheduler_stats* st, bool loaded) const
     ttft_.write(o, "tansy_time_to_first_token_seconds", "time from request arrival to its first generated token");
     itl_.write(o, "tansy_inter_token_latency_seconds", "time between consecutive generated tokens of a request");
     latency_.write(o, "tansy_request_duration_seconds", "time from request arrival to its last byte");
+    queue_.write(o, "tansy_queue_wait_seconds", "time a sequence waited for admission to the running batch");
+    prefill_.write(o, "tansy_prefill_seconds",
+                   "time of the forward steps that processed a sequence's prompt (with what else they carried)");
     if (st) {
         gauge("tansy_queue_depth", "requests waiting for a batch slot", st->queued);
         gauge("tansy_active_sequences", "sequences being generated", st->active);

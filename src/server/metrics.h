@@ -33,6 +33,9 @@ class server_metrics {
     void ttft(double s);
     void inter_token(double s);
     void request_latency(double s);
+    // A sequence's wait for admission and the forward steps that processed its prompt (finish_event): the parts
+    // of its time to first token spent in the scheduler.
+    void prompt_timing(double queue_s, double prefill_s);
     void rejected(const std::string& reason);  // queue_full, shutting_down, loading, ...
     void disconnect();
     // Everything, with the scheduler's gauges (stats may be null while the model loads).
@@ -43,7 +46,7 @@ class server_metrics {
     std::map<std::pair<std::string, int>, uint64_t> requests_;
     std::map<std::string, uint64_t> rejected_;
     uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, disconnects_ = 0;
-    histogram ttft_, itl_, latency_;
+    histogram ttft_, itl_, latency_, queue_, prefill_;
 };
 
 // Resident set size of this process in bytes (0 where /proc is unavailable).

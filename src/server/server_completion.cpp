@@ -331,11 +331,14 @@ void server::state::log_done(const job& j, int status, const std::string& finish
         metrics.request_latency(total);
     }
     metrics.tokens(j.prompt_tokens, n);
-    log_line(strprintf("%s%s %d %s%s prompt=%lld gen=%lld (reasoning %lld) ttft=%.3fs %.1f tok/s total=%.3fs finish=%s",
+    if (j.got_first && j.fin.prefill_s > 0) metrics.prompt_timing(j.fin.queue_s, j.fin.prefill_s);  // (its finish event came)
+    log_line(strprintf("%s%s %d %s%s prompt=%lld gen=%lld (reasoning %lld) ttft=%.3fs (queue %.3fs, prompt steps "
+                       "%.3fs) %.1f tok/s total=%.3fs finish=%s",
                        j.meta.id.c_str(), j.index ? strprintf("[%d]", j.index).c_str() : "", status, j.endpoint,
                        j.stream ? " stream" : "", (long long)j.prompt_tokens,
                        (long long)n, (long long)j.text->reasoning_tokens(), j.got_first ? secs(j.t0, j.t_first) : 0.0,
-                       n > 1 && gen_s > 0 ? (double)(n - 1) / gen_s : 0.0, total, finish.c_str()));
+                       j.fin.queue_s, j.fin.prefill_s, n > 1 && gen_s > 0 ? (double)(n - 1) / gen_s : 0.0, total,
+                       finish.c_str()));
 }
 
 void server::state::finish_blocking(const std::vector<std::shared_ptr<job>>& jobs, http_response& res) {

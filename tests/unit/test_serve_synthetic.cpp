@@ -179,6 +179,13 @@ TEST(serve_synthetic, bench_serve_json) {
             }
             // the round's work adds the prompts' prefill to the decode steps
             EXPECT_LT(r["round_tok_s"].get<double>(), r["engine_tok_s"].get<double>());
+            // the server's share of the TTFT, from its /metrics: every stream's prompt ran in steps, within the
+            // client's time to the first token
+            ASSERT_TRUE(r["queue_ms_mean"].is_number() && r["prefill_ms_mean"].is_number());
+            EXPECT_GE(r["queue_ms_mean"].get<double>(), 0);
+            EXPECT_GT(r["prefill_ms_mean"].get<double>(), 0);
+            EXPECT_LT(r["queue_ms_mean"].get<double>() + r["prefill_ms_mean"].get<double>(),
+                      r["ttft_ms_p99"].get<double>());
             EXPECT_LE(r["itl_ms_p50"].get<double>(), r["itl_ms_p99"].get<double>());
             EXPECT_LE(r["ttft_ms_p50"].get<double>(), r["ttft_ms_p99"].get<double>());
         }
