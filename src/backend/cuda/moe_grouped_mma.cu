@@ -1,24 +1,15 @@
-// MoE of a decode batch (k_gemm_min_rows .. kernel_plan::moe_small rows, fast mode) on tensor cores, over
-// moe_plan's expert-sorted tiles of <= 16 rows (k_moe_small_bm; the shared expert as expert E, rows [T k, T k + T)):
-//   moe_small_kernel<true>   gate/up: the tile's tokens' inputs (m16) x the expert's gate and up rows ->
-//                            h16[p] = fp16(silu(gate) * up * h_scale), sorted row p
-//   moe_small_kernel<false>  down: the tile's rows of h16 x the expert's down rows -> y[p] = dot / h_scale (fp32)
-// and moe_combine adds each token's rows into x in a fixed order (deterministic).
-// Layout: a block takes one tile (blockIdx.x) and a slice of its items (blockIdx.y); an item is 16 weight rows
-// (gate/up: the gate rows and the up rows of the same 16 features) x the whole K. The block stages the tile's
-// rows in shared memory as gemv_mma_warp.cu does (fp16; per 8 values x0 x4 x1 x5 x2 x6 x3 x7, each 64-column
-// block's words in the order 0 2 4 6 1 3 5 7: stage_x_pairs), with each 64-column block's sum per row; each warp
-// then walks its items with the weights as the A operand of mma.m16n8k16 (4-bit codes made exact fp16 pairs in
-// registers: q4_fragments; y += scale * C + bias * sum(x) per group) and the rows as B columns (NG = 1 or 2
-// groups of 8; columns past the tile's rows read row 0 and are dropped). Lane (g, c) loads words 2c, 2c+1 of a
-// 64-column block of weight rows g and g + 8 straight from global memory into registers, a step ahead of the one
-// it multiplies.
-// Why fast: every expert a step touches is read once for all its rows (the decode kernels in groups of <= 16
-// rows read it once per group, and the grouped GEMM's 64-row tiles hold 2-8 rows per expert at these batch
-// sizes); the SwiGLU happens in registers (gate and up of a feature in one warp, each staged B fragment feeding
-// both products); no shared-memory weight ring, so the block's only barriers are the staging's.
-// note: both kernels read the plan (written by moe_plan, a plain launch) after pdl_wait: without its tile a block
-// knows no weights to prefetch.
+// MoE of a decode batch (32 .. kernel_plan::moe_small rows, fast mode) on tensor cores, over moe_plan's
+// expert-sorted tiles of <= 16 rows (the shared expert as expert E, rows [T k, T k + T)):
+//   moe_small_kernel<true>   gate/up: the tile's inputs (m16) -> h16[p] = fp16(silu(gate) * up * h_scale)
+//   moe_small_kernel<false>  down: the tile's rows of h16 -> y[p] = dot / h_scale (fp32); moe_combine sums a
+//                            token's rows into x in a fixed order (deterministic)
+// A block takes one tile and a slice of its items (16 weight rows x the whole K; gate/up: the gate and up rows of
+// the same features, so SwiGLU happens in registers). It stages the tile's rows as gemv_mma_warp.cu does; each
+// warp loads its A fragments (4-bit codes, made exact fp16 pairs: q4_fragments) from global memory a step ahead
+// and multiplies them with the rows as B columns (mma.m16n8k16, NG = 1 or 2 groups of 8).
+// Why fast: each expert a step touches is read once for all its rows (groups of 16 rows read it once per group;
+// the GEMMs' 64-row tiles hold 2-8 rows per expert here). The plan comes from a plain launch, so a block learns
+// its weights only after pdl_wait.
 #include <algorithm>
 #include <atomic>
 
