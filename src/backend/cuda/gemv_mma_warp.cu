@@ -153,13 +153,7 @@ __global__ void __launch_bounds__(k_mw_threads) gemv_mma_warp_kernel(const gemv_
                     mma_f16(acc[n], a13, xh.z, xh.w);
                 }
             }
-            const float s0 = sb_scale(r.s[b][0]), z0 = sb_bias(r.s[b][0]), s1 = sb_scale(r.s[b][1]), z1 = sb_bias(r.s[b][1]);
-#pragma unroll
-            for (int n = 0; n < NG; n++) {
-                const float2 sx = *reinterpret_cast<const float2*>(s_sum + blk * k_mma_warp_max_tokens + 8 * n + 2 * c);
-                y[n][0] += s0 * acc[n][0] + z0 * sx.x, y[n][1] += s0 * acc[n][1] + z0 * sx.y;
-                y[n][2] += s1 * acc[n][2] + z1 * sx.x, y[n][3] += s1 * acc[n][3] + z1 * sx.y;
-            }
+            affine_accumulate<NG>(y, acc, r.s[b][0], r.s[b][1], s_sum + blk * k_mma_warp_max_tokens, c);
         }
         if (w.b1 < (w.kc + 1) * bpk) return;  // the item goes on in the next step
         const int64_t r0 = w.rb * 16 + g;

@@ -218,6 +218,21 @@ __device__ __forceinline__ void mma_dot_rows_tokens(const char* codes, const cha
     }
 }
 
+// One 64-column block's C fragments into the rows' sums, affine: y[n] += scale * acc[n] + bias * sum(x) for the
+// lane's weight rows g (scale/bias word sb0) and g + 8 (sb1) and its B columns 8 n + 2 c, +1, whose sums of x over
+// the block lie at sums[8 n + 2 c], [+1] (the per-warp kernels' staging: gemv_mma_warp.cu, moe_grouped_mma.cu).
+template <int NG>
+__device__ __forceinline__ void affine_accumulate(float (&y)[NG][4], const float (&acc)[NG][4], uint32_t sb0,
+                                                  uint32_t sb1, const float* sums, int c) {
+    const float s0 = sb_scale(sb0), z0 = sb_bias(sb0), s1 = sb_scale(sb1), z1 = sb_bias(sb1);
+#pragma unroll
+    for (int n = 0; n < NG; n++) {
+        const float2 sx = *reinterpret_cast<const float2*>(sums + 8 * n + 2 * c);
+        y[n][0] += s0 * acc[n][0] + z0 * sx.x, y[n][1] += s0 * acc[n][1] + z0 * sx.y;
+        y[n][2] += s1 * acc[n][2] + z1 * sx.x, y[n][3] += s1 * acc[n][3] + z1 * sx.y;
+    }
+}
+
 // The most k-chunks (whole groups each) per 16-row block that `warps` warps can split a row into.
 inline int mma_k_chunks(int64_t cols, int group, int warps) {
     const int groups = (int)(cols / group);

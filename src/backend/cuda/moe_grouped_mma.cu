@@ -191,16 +191,7 @@ __device__ __forceinline__ void small_tile(const small_params& p, const gemm_til
                 }
             }
 #pragma unroll
-            for (int m = 0; m < M; m++) {
-                const float s0 = sb_scale(r.s[m][b][0]), z0 = sb_bias(r.s[m][b][0]), s1 = sb_scale(r.s[m][b][1]),
-                            z1 = sb_bias(r.s[m][b][1]);
-#pragma unroll
-                for (int n = 0; n < NG; n++) {
-                    const float2 sx = *reinterpret_cast<const float2*>(s_sum + blk * k_ms_rows + 8 * n + 2 * c);
-                    y[m][n][0] += s0 * acc[m][n][0] + z0 * sx.x, y[m][n][1] += s0 * acc[m][n][1] + z0 * sx.y;
-                    y[m][n][2] += s1 * acc[m][n][2] + z1 * sx.x, y[m][n][3] += s1 * acc[m][n][3] + z1 * sx.y;
-                }
-            }
+            for (int m = 0; m < M; m++) affine_accumulate<NG>(y[m], acc[m], r.s[m][b][0], r.s[m][b][1], s_sum + blk * k_ms_rows, c);
         }
         if (w.b1 < nb) return;  // the item goes on in the next step
         const int64_t f = (int64_t)w.it * 16 + g;  // this lane's outputs: weight rows f and f + 8 of row t
