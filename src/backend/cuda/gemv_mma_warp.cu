@@ -172,14 +172,7 @@ __global__ void __launch_bounds__(k_mw_threads) gemv_mma_warp_kernel(const gemv_
                 }
             }
     };
-    // two steps in registers: one multiplied while the other loads
-    for (int st = 0; st < n_steps; st += 2) {
-        compute(st, A);
-        if (st + 2 < n_steps) load(st + 2, A);
-        if (st + 1 >= n_steps) break;
-        compute(st + 1, B);
-        if (st + 3 < n_steps) load(st + 3, B);
-    }
+    two_step_pipeline(n_steps, A, B, load, compute);
     if (nkc == 1) return;
     __syncthreads();
     for (int i = threadIdx.x; i < (int)(rb1 - rb0) * 16 * T; i += blockDim.x) {

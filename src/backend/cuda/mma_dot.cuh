@@ -233,6 +233,19 @@ __device__ __forceinline__ void affine_accumulate(float (&y)[NG][4], const float
     }
 }
 
+// Steps [0, n_steps) through two register sets: step s is multiplied (compute(s, set)) while step s + 1 loads into
+// the other set (load(s + 2, set) after compute(s, set)). Steps 0 and 1 are loaded before.
+template <class Regs, class Load, class Compute>
+__device__ __forceinline__ void two_step_pipeline(int n_steps, Regs& A, Regs& B, Load&& load, Compute&& compute) {
+    for (int st = 0; st < n_steps; st += 2) {
+        compute(st, A);
+        if (st + 2 < n_steps) load(st + 2, A);
+        if (st + 1 >= n_steps) break;
+        compute(st + 1, B);
+        if (st + 3 < n_steps) load(st + 3, B);
+    }
+}
+
 // The most k-chunks (whole groups each) per 16-row block that `warps` warps can split a row into.
 inline int mma_k_chunks(int64_t cols, int group, int warps) {
     const int groups = (int)(cols / group);

@@ -210,14 +210,7 @@ __device__ __forceinline__ void small_tile(const small_params& p, const gemm_til
                 }
             }
     };
-    // two steps in registers: one multiplied while the other loads
-    for (int st = 0; st < n_steps; st += 2) {
-        compute(st, A);
-        if (st + 2 < n_steps) load(st + 2, A);
-        if (st + 1 >= n_steps) break;
-        compute(st + 1, B);
-        if (st + 3 < n_steps) load(st + 3, B);
-    }
+    two_step_pipeline(n_steps, A, B, load, compute);
 }
 
 // grid: (max_tiles, slices); blocks past *n_tiles exit.
