@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "runtime/scheduler.h"
 #include "runtime/text_engine.h"
+#include "tokenizer/chat_template.h"
 
 namespace tansy::test {
 
@@ -92,6 +93,26 @@ inline text_engine& tiny() {
         return o;
     }());
     return te;
+}
+
+// One user message through the model's chat template.
+inline std::vector<int32_t> user_prompt(text_engine& te, const std::string& user) {
+    const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", user}}});
+    return te.tok().encode(render_chat(msgs, nullptr, chat_options{}));
+}
+
+// What engine::generate gives for prompt, greedy, up to max_tokens (ended early by stop_ids): what a scheduled
+// sequence of the same request must give.
+inline std::vector<int32_t> greedy_reference(text_engine& te, const std::vector<int32_t>& prompt, int64_t max_tokens,
+                                             const std::vector<int32_t>& stop_ids) {
+    generation_request req;
+    req.prompt = prompt;
+    req.max_tokens = max_tokens;
+    req.stop_ids = stop_ids;
+    auto st = te.eng().new_sequence((int64_t)prompt.size() + max_tokens);
+    std::vector<int32_t> out;
+    te.eng().generate(*st, req, [&](int32_t id) { return out.push_back(id), true; });
+    return out;
 }
 
 // The bundled model on the CUDA backend, or null (and why) where there is none.

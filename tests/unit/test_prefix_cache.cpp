@@ -37,18 +37,7 @@ ojson conversation(const std::string& user) {
 }
 
 std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_t max_tokens) {
-    text_engine& te = tiny();
-    generation_request req;
-    req.prompt = prompt;
-    req.max_tokens = max_tokens;
-    req.stop_ids = te.eos();
-    auto st = te.eng().new_sequence((int64_t)prompt.size() + max_tokens);
-    std::vector<int32_t> out;
-    te.eng().generate(*st, req, [&](int32_t id) {
-        out.push_back(id);
-        return true;
-    });
-    return out;
+    return test::greedy_reference(tiny(), prompt, max_tokens, tiny().eos());
 }
 
 prefix_cache_options small_blocks(size_t budget = size_t(256) << 20) {

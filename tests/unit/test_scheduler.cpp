@@ -13,7 +13,6 @@
 #include "runtime/scheduler.h"
 #include "runtime/text_engine.h"
 #include "scheduler_test_util.h"
-#include "tokenizer/chat_template.h"
 
 namespace tansy {
 namespace {
@@ -24,24 +23,10 @@ using test::collect_sink;
 using test::cuda_tiny;
 using test::tiny;
 
-std::vector<int32_t> chat_prompt(const std::string& user) {
-    const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", user}}});
-    return tiny().tok().encode(render_chat(msgs, nullptr, chat_options{}));
-}
+std::vector<int32_t> chat_prompt(const std::string& user) { return test::user_prompt(tiny(), user); }
 
 std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_t max_tokens) {
-    text_engine& te = tiny();
-    generation_request req;
-    req.prompt = prompt;
-    req.max_tokens = max_tokens;
-    req.stop_ids = te.eos();
-    auto st = te.eng().new_sequence((int64_t)prompt.size() + max_tokens);
-    std::vector<int32_t> out;
-    te.eng().generate(*st, req, [&](int32_t id) {
-        out.push_back(id);
-        return true;
-    });
-    return out;
+    return test::greedy_reference(tiny(), prompt, max_tokens, tiny().eos());
 }
 
 sequence_request make_request(const std::vector<int32_t>& prompt, int64_t max_tokens,
@@ -346,22 +331,9 @@ TEST(scheduler, cuda_lone_request_equals_generate_and_batches_run) {
     std::string why;
     std::unique_ptr<text_engine> te = cuda_tiny(&why);
     if (!te) GTEST_SKIP() << "no CUDA backend: " << why;
-    auto prompt_of = [&](const std::string& user) {
-        const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", user}}});
-        return te->tok().encode(render_chat(msgs, nullptr, chat_options{}));
-    };
+    auto prompt_of = [&](const std::string& user) { return test::user_prompt(*te, user); };
     auto reference = [&](const std::vector<int32_t>& prompt, int64_t n) {
-        generation_request req;
-        req.prompt = prompt;
-        req.max_tokens = n;
-        req.stop_ids = te->eos();
-        auto st = te->eng().new_sequence((int64_t)prompt.size() + n);
-        std::vector<int32_t> out;
-        te->eng().generate(*st, req, [&](int32_t id) {
-            out.push_back(id);
-            return true;
-        });
-        return out;
+        return test::greedy_reference(*te, prompt, n, te->eos());
     };
     const std::vector<std::string> users = {"What does heapq.heappush do?", "Write a haiku about the sea.", "Hello!",
                                             "Explain recursion briefly."};
@@ -487,10 +459,7 @@ TEST(scheduler, device_drawn_requests_equal_the_host_sampler) {
 // picked on the host, which applies them there (scheduler::choose). Both must choose the same tokens, greedy and
 // seeded, alone and in one batch with rows that have none.
 void expect_device_adjust_equals_host(text_engine& te) {
-    auto prompt_of = [&](const std::string& user) {
-        const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", user}}});
-        return te.tok().encode(render_chat(msgs, nullptr, chat_options{}));
-    };
+    auto prompt_of = [&](const std::string& user) { return test::user_prompt(te, user); };
     const std::vector<int32_t> p0 = prompt_of("Write a haiku about the sea."), p1 = prompt_of("List three colours.");
     const int32_t banned = reference_greedy(p0, 1).at(0);
     struct variant {
@@ -558,9 +527,7 @@ void expect_device_adjust_equals_host(text_engine& te) {
 // off it picks on the host from the masked row instead. Both must choose the same tokens, greedy and seeded, with
 // penalties on top, alone and batched.
 void expect_device_masks_equal_host(text_engine& te) {
-    const nlohmann::ordered_json msgs =
-        nlohmann::ordered_json::array({{{"role", "user"}, {"content", "Write a haiku about the sea."}}});
-    const std::vector<int32_t> prompt = te.tok().encode(render_chat(msgs, nullptr, chat_options{}));
+    const std::vector<int32_t> prompt = test::user_prompt(te, "Write a haiku about the sea.");
     auto request = [&](bool host, float temperature, bool penalties, const std::shared_ptr<collect_sink>& sink) {
         sequence_request r;
         r.prompt = prompt;

@@ -8,7 +8,6 @@
 #include "runtime/scheduler.h"
 #include "runtime/text_engine.h"
 #include "scheduler_test_util.h"
-#include "tokenizer/chat_template.h"
 
 namespace tansy {
 namespace {
@@ -25,10 +24,7 @@ using test::tiny;
 // down for them. With `pieces`, the batch prefills its prompts in pieces beside the decoding rows, so first tokens
 // are picked from a prompt's last piece in mixed steps.
 void expect_device_logprobs_equal_host(text_engine& te, float tol, bool pieces) {
-    auto prompt_of = [&](const std::string& user) {
-        const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", user}}});
-        return te.tok().encode(render_chat(msgs, nullptr, chat_options{}));
-    };
+    auto prompt_of = [&](const std::string& user) { return test::user_prompt(te, user); };
     const std::vector<int32_t> p0 = prompt_of("Write a haiku about the sea."), p1 = prompt_of("List three colours.");
     struct variant {
         const std::vector<int32_t>* prompt;

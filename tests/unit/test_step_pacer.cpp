@@ -8,7 +8,6 @@
 
 #include "runtime/step_pacer.h"
 #include "scheduler_test_util.h"
-#include "tokenizer/chat_template.h"
 
 namespace tansy {
 namespace {
@@ -128,18 +127,10 @@ TEST(step_pacer, odd_measurements_keep_it_finite) {
 TEST(step_pacer, scheduler_paces_a_long_prompt_beside_a_stream) {
     std::vector<int32_t> pb;
     for (int i = 0; i < 600; i++) pb.push_back(100 + (i * 37) % 3000);
-    const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", "Hi"}}});
-    const std::vector<int32_t> pa = tiny().tok().encode(render_chat(msgs, nullptr, chat_options{}));
-    auto reference = [](const std::vector<int32_t>& prompt, int64_t n) {
-        generation_request req;
-        req.prompt = prompt;
-        req.max_tokens = n;
-        auto st = tiny().eng().new_sequence((int64_t)prompt.size() + n);
-        std::vector<int32_t> out;
-        tiny().eng().generate(*st, req, [&](int32_t id) { return out.push_back(id), true; });
-        return out;
-    };
-    const std::vector<int32_t> ra = reference(pa, 60), rb = reference(pb, 3);
+    const std::vector<int32_t> pa = test::user_prompt(tiny(), "Hi");
+    // the requests below set no stop ids: neither does the reference
+    const std::vector<int32_t> ra = test::greedy_reference(tiny(), pa, 60, {}),
+                               rb = test::greedy_reference(tiny(), pb, 3, {});
     for (const double pace : {0.0, 3.0}) {
         scheduler_options so;
         so.prefill_pace = pace;
