@@ -257,6 +257,7 @@ struct kernel_options {
     int moe_small = -1;     // >= 0: MoE of 17 .. this many rows (fast mode) on the small-M grouped MoE kernels
     int dense_rows = -1;    // > 0: the most rows of one dense decode-kernel group (16 .. 32)
     int moe_small_gate_up_items = -1, moe_small_down_items = -1;  // > 0: the small-M MoE kernels' items per warp
+    int recur = -1;         // >= 0: DeltaNet decode state in registers (0) or staged in shared memory (1)
 };
 
 struct backend_options {

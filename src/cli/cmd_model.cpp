@@ -47,7 +47,8 @@ void add_engine_options(arg_parser& p) {
                 "dense_rows=N (the most rows of a dense group, 16..32; default 32 where the kernel takes them), "
                 "moe_small=N (MoE blocks of 32..N rows, or 17..N with moe_groups=0, fast mode, on the small-M grouped "
                 "MoE kernels; default 256, 0: off), moe_small_gu=N / moe_small_dn=N (their items per warp, 1..8; "
-                "default 1 / 2)")
+                "default 1 / 2), recur=0|1 (DeltaNet decode: the state in registers or staged in shared memory; "
+                "default: registers below 8 sequences)")
         .option("--verbose", "", "log loading details", "-v");
 }
 

@@ -32,6 +32,8 @@ struct setting_scope {
 using mma_families_scope = setting_scope<unsigned, cuda::set_decode_mma_families>;
 // the one-row 4-bit decode kernels' int8 inputs on or off
 using int8_inputs_scope = setting_scope<bool, cuda::set_decode_int8_inputs>;
+// the DeltaNet decode form (kernel_plan::recur: 0 registers, 1 shared memory, -1 by the batch)
+using deltanet_recur_scope = setting_scope<int, cuda::set_deltanet_recur>;
 
 // The fast GEMM's kernels a test runs: mma.sync always, wgmma too where this build and device have it.
 inline std::vector<bool> gemm_wgmma_modes() {

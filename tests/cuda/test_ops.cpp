@@ -261,35 +261,74 @@ TEST(cuda_ops, router_tap_other_shapes) {
     }
 }
 
-// The DeltaNet decode recurrence at other conv kernels than the models' 4: K - 1 <= 3 keeps the new conv window in
-// registers (2, 3), more reads it back at the end (5). Two sequences through decode-sized spans only (the prompt
-// path, gdn_prefill, takes K = 4 alone): spans shorter and longer than the window, then single tokens.
+namespace {
+
+// Sequences advanced through batched DeltaNet steps, CPU vs CUDA: steps[i][j] is sequence j's span in step i (each
+// >= 1 row; spans of more than k_gdn_recur_max_rows rows take the prefill path beside the others' decode kernel).
+void check_deltanet_steps(pair_of_backends& p, const std::vector<std::vector<int>>& steps, uint32_t seed) {
+    const model_config& c = p.m.cfg;
+    const layer_weights& gl = p.m.w.layers[0];
+    const size_t n = steps.at(0).size();
+    std::vector<std::unique_ptr<seq_state>> s_cpu, s_gpu;
+    for (size_t i = 0; i < n; i++) s_cpu.push_back(p.cpu->new_state(96)), s_gpu.push_back(p.gpu->new_state(96));
+    for (const std::vector<int>& lens : steps) {
+        int T = 0;
+        for (int len : lens) T += len;
+        auto spans = [&](std::vector<std::unique_ptr<seq_state>>& s) {
+            std::vector<seq_span> out;
+            for (size_t i = 0, row = 0; i < n; row += (size_t)lens[i], i++)
+                out.push_back({s[i].get(), (int64_t)row, lens[i], s[i]->n_past()});
+            return out;
+        };
+        twin qkv(p, T, c.lin_conv_dim(), seed++), z(p, T, c.lin_value_dim(), seed++), b(p, T, c.lin_v_heads, seed++),
+            a(p, T, c.lin_v_heads, seed++), o(p, T, c.lin_value_dim());
+        auto sc = spans(s_cpu), sg = spans(s_gpu);
+        p.cpu->gdn(o.c.t(), qkv.c.t(), z.c.t(), b.c.t(), a.c.t(), gl.gdn, 0, sc, gdn_mode::auto_select);
+        p.gpu->gdn(o.g.t(), qkv.g.t(), z.g.t(), b.g.t(), a.g.t(), gl.gdn, 0, sg, gdn_mode::auto_select);
+        std::string what;
+        for (int len : lens) what += (what.empty() ? "" : "+") + std::to_string(len);
+        EXPECT_LT(o.diff(p), TOL_FP32_OP) << "gdn step " << what;
+        p.cpu->end_step(sc);
+        p.gpu->end_step(sg);
+        for (auto* s : {&s_cpu, &s_gpu})
+            for (size_t i = 0; i < n; i++) (*s)[i]->set_n_past((*s)[i]->n_past() + lens[i]);
+    }
+}
+
+// The DeltaNet decode forms (gdn.cu): the state in registers (0) and staged in shared memory (1).
+const int k_recur_forms[] = {0, 1};
+
+}  // namespace
+
+// The DeltaNet decode recurrence at other conv kernels than the models' 4: K - 1 <= 3 keeps the new conv window on
+// chip (2, 3), more reads it back at the end (5). Two sequences through decode-sized spans only (the prompt path,
+// gdn_prefill, takes K = 4 alone): spans shorter and longer than the window, then single tokens; every form.
 TEST(cuda_ops, deltanet_conv_kernels) {
     TANSY_REQUIRE_GPU();
     for (int K : {2, 3, 5}) {
-        SCOPED_TRACE("conv kernel " + std::to_string(K));
         model_config c = tiny_config();
         c.conv_kernel = K;
         auto p = make_pair(c, /*precise_gemm=*/true);
-        const layer_weights& gl = p->m.w.layers[0];
-        std::vector<std::unique_ptr<seq_state>> s_cpu, s_gpu;
-        for (int i = 0; i < 2; i++) s_cpu.push_back(p->cpu->new_state(64)), s_gpu.push_back(p->gpu->new_state(64));
-        uint32_t seed = 3000;
-        for (auto [na, nb] : std::vector<std::pair<int, int>>{{1, 2}, {1, 1}, {6, 1}, {1, 16}, {2, 1}, {1, 1}}) {
-            const int T = na + nb;
-            auto spans = [&](std::vector<std::unique_ptr<seq_state>>& s) {
-                return std::vector<seq_span>{{s[0].get(), 0, na, s[0]->n_past()}, {s[1].get(), na, nb, s[1]->n_past()}};
-            };
-            twin qkv(*p, T, c.lin_conv_dim(), seed++), z(*p, T, c.lin_value_dim(), seed++),
-                b(*p, T, c.lin_v_heads, seed++), a(*p, T, c.lin_v_heads, seed++), o(*p, T, c.lin_value_dim());
-            auto sc = spans(s_cpu), sg = spans(s_gpu);
-            p->cpu->gdn(o.c.t(), qkv.c.t(), z.c.t(), b.c.t(), a.c.t(), gl.gdn, 0, sc, gdn_mode::auto_select);
-            p->gpu->gdn(o.g.t(), qkv.g.t(), z.g.t(), b.g.t(), a.g.t(), gl.gdn, 0, sg, gdn_mode::auto_select);
-            EXPECT_LT(o.diff(*p), TOL_FP32_OP) << "gdn step " << na << "+" << nb;
-            p->cpu->end_step(sc);
-            p->gpu->end_step(sg);
-            for (auto* s : {&s_cpu, &s_gpu})
-                (*s)[0]->set_n_past((*s)[0]->n_past() + na), (*s)[1]->set_n_past((*s)[1]->n_past() + nb);
+        for (int form : k_recur_forms) {
+            SCOPED_TRACE("conv kernel " + std::to_string(K) + ", form " + std::to_string(form));
+            deltanet_recur_scope scope(form);
+            check_deltanet_steps(*p, {{1, 2}, {1, 1}, {6, 1}, {1, 16}, {2, 1}, {1, 1}}, 3000);
+        }
+    }
+}
+
+// Every decode form on batches of several sequences at the tiny and the real shapes (32 value heads of 128 over 16
+// key heads): odd span lengths up to k_gdn_recur_max_rows, single tokens, and a long span beside short ones (the
+// prefill path takes it; the decode kernel skips it).
+TEST(cuda_ops, deltanet_decode_forms) {
+    TANSY_REQUIRE_GPU();
+    for (const model_config& c : {tiny_config(), real_config()}) {
+        auto p = make_pair(c, /*precise_gemm=*/true);
+        for (int form : k_recur_forms) {
+            SCOPED_TRACE("hidden " + std::to_string(c.hidden) + ", form " + std::to_string(form));
+            deltanet_recur_scope scope(form);
+            check_deltanet_steps(*p, {{3, 1, 16, 5, 1}, {1, 1, 1, 1, 1}, {1, 20, 1, 2, 1}, {7, 1, 1, 1, 9}, {1, 1, 1, 1, 1}},
+                                 4000 + (uint32_t)form);
         }
     }
 }

@@ -158,4 +158,33 @@ TEST(kernel_plan, test_setters_return_the_previous_value) {
     EXPECT_FALSE(cuda::decode_int8_inputs());
     EXPECT_FALSE(cuda::set_decode_int8_inputs(i));
     EXPECT_EQ(cuda::decode_int8_inputs(), i);
+    const int r = cuda::set_deltanet_recur(1);
+    EXPECT_EQ(cuda::set_deltanet_recur(r), 1);
+}
+
+// recur: the DeltaNet decode state in registers for small batches, staged in shared memory from
+// k_recur_smem_min_spans sequences; recur=0 / 1 forces one form.
+TEST(kernel_plan, deltanet_recur_form) {
+    const cuda::kernel_plan d = cuda::make_kernel_plan({}, nullptr, false, {});
+    EXPECT_EQ(d.recur, -1);
+    EXPECT_FALSE(d.recur_smem(1));
+    EXPECT_FALSE(d.recur_smem(cuda::k_recur_smem_min_spans - 1));
+    EXPECT_TRUE(d.recur_smem(cuda::k_recur_smem_min_spans));
+    EXPECT_TRUE(d.recur_smem(256));
+    EXPECT_NE(d.describe().find("recur=-1"), std::string::npos) << d.describe();
+    EXPECT_NE(d.describe().find("registers below " + std::to_string(cuda::k_recur_smem_min_spans)), std::string::npos)
+        << d.describe();
+    for (int form : {0, 1}) {
+        kernel_options o;
+        EXPECT_EQ(cuda::parse_kernel_options("recur=" + std::to_string(form), &o), "");
+        EXPECT_EQ(o.recur, form);
+        const cuda::kernel_plan p = cuda::make_kernel_plan({}, nullptr, false, o);
+        EXPECT_EQ(p.recur_smem(1), form == 1);
+        EXPECT_EQ(p.recur_smem(256), form == 1);
+        EXPECT_EQ(p.source, "--kernels");
+    }
+    for (const char* bad : {"recur=2", "recur=", "recur=smem", "recur=-1"}) {
+        kernel_options b;
+        EXPECT_NE(cuda::parse_kernel_options(bad, &b), "") << bad;
+    }
 }

@@ -4,6 +4,8 @@
 //                      (decode and spans of <= k_gdn_recur_max_rows rows; longer ones go to gdn_prefill.cu).
 //                      One barrier per token: the L2 norms are scalars applied after the dots (S^T k and S^T q of
 //                      raw q, k in one pass over the old state, o = alpha S^T q^ + (k^.q^) delta).
+//   recur_smem_kernel  the same per (span, value head) with the head's state staged in shared memory (more state
+//                      bytes in flight per SM): decode batches of k_recur_smem_min_spans sequences and more.
 //   gated_norm_kernel  out = rms_norm(o) * w * silu(z) per value head.
 // The conv state is double-buffered by step parity, so blocks that share key heads all read the old window while
 // its owner writes the new one. Why fast: what needs nothing from the projections (the state, the first token's
@@ -13,12 +15,18 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gdn.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace tansy::cuda {
 
 namespace {
 
 constexpr int DK = 128, COLS = 32, k_warps = DK / 32;
+// recur_smem_kernel: 256 threads, 128 value columns a block (a whole head's state: 64 KB; 32 and 64 columns
+// measured slower from 16 sequences on, docs/PERF.md)
+constexpr int k_smem_threads = 256, k_smem_cols = 128;
+// conv windows of K - 1 <= k_win entries are kept on chip until the kernel's end (else re-read there)
+constexpr int k_win = 3;
 
 // Conv output of channel ch for the span's token r (0-based in the span), window = 3 earlier raw inputs:
 // from the span's own rows when r-3+j >= 0, else from the parity buffer (rows oldest first).
@@ -31,6 +39,36 @@ __device__ __forceinline__ float conv_at(const gdn_params& p, const float* state
         acc = fmaf(p.conv_w[ch * p.K + j], x, acc);
     }
     return siluf_(acc);
+}
+
+// conv_at's terms j < K-1 for a span's first token (those over the old window), in its order.
+__device__ __forceinline__ float window_terms(const gdn_params& p, const float* cstate, int ch) {
+    const int C = (int)p.shape.conv_ch;
+    float acc = 0;
+    for (int j = 0; j < p.K - 1; j++) acc = fmaf(p.conv_w[ch * p.K + j], cstate[j * C + ch], acc);
+    return acc;
+}
+
+// Token r's conv output of channel ch: the first token from its window terms `pre` (read before the PDL wait).
+__device__ __forceinline__ float conv_token(const gdn_params& p, const float* cstate, const dspan& sp, int r, int ch,
+                                            float pre) {
+    const int P = p.K - 1, C = (int)p.shape.conv_ch;
+    return r == 0 ? siluf_(fmaf(p.conv_w[ch * p.K + P], p.qkv[(int64_t)(sp.row0 + r) * C + ch], pre))
+                  : conv_at(p, cstate, sp.row0, r, ch);
+}
+
+// Raw input j (0 = oldest) of the conv window after the span: one of its rows, or of the old window.
+__device__ __forceinline__ const float* window_source(const gdn_params& p, const dspan& sp, const float* cstate, int j,
+                                                      int ch) {
+    const int P = p.K - 1, C = (int)p.shape.conv_ch, idx = sp.n - P + j;
+    return idx >= 0 ? p.qkv + (int64_t)(sp.row0 + idx) * C + ch : cstate + (int64_t)(P + idx) * C + ch;
+}
+
+// The gates of one (row, head): s_scal = {beta = sigmoid(b), alpha = exp(-exp(A_log) softplus(a + dt_bias))}
+// (A = -exp(A_log)).
+__device__ __forceinline__ void gdn_gates(float b, float a, float A, float dtb, float* s_scal) {
+    s_scal[0] = sigmoidf_(b);
+    s_scal[1] = expf(A * gdn_softplus(a + dtb));
 }
 
 // Spans of more than max_rows rows are left to the prefill path.
@@ -60,18 +98,13 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
     // What does not depend on the projection is read while it finishes (PDL): the state (this kernel's own
     // output of the previous step), the first token's conv terms over the state's window, the gate constants.
     const int P = p.K - 1, C = (int)p.shape.conv_ch;
-    auto window_part = [&](int ch) {  // conv_at's terms j < K-1 for the span's first token, in its order
-        float acc = 0;
-        for (int j = 0; j < P; j++) acc = fmaf(p.conv_w[ch * p.K + j], cstate[j * C + ch], acc);
-        return acc;
-    };
-    const float pre_q = window_part(ch_q), pre_k = window_part(ch_k), pre_v = warp == 0 ? window_part(ch_v) : 0.0f;
+    const float pre_q = window_terms(p, cstate, ch_q), pre_k = window_terms(p, cstate, ch_k);
+    const float pre_v = warp == 0 ? window_terms(p, cstate, ch_v) : 0.0f;
     // The new conv window (step 5), each channel by one owner: q/k channels of key head kh by the block of the
     // group's first value head and first column block, v channels by warp 0 of every block. Its entries are held
     // in registers (K - 1 <= k_win): the old window's before the wait, the span's rows with the conv's loads.
     // note: read at the end instead, they followed the state's stores, which loads may not pass (aliasing): one
     // L2 round trip before the kernel could end
-    constexpr int k_win = 3;
     const bool owner_qk = (h % group == 0) && cb == 0, win_regs = P <= k_win;
     float win_q[k_win] = {}, win_k[k_win] = {}, win_v[k_win] = {};
     auto win_src = [&](int j, int ch) -> const float* {  // raw input j (0 = oldest) of the window after the span
@@ -100,19 +133,12 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
     for (int r = 0; r < sp.n; r++) {
         const int row = sp.row0 + r;
         // 1. conv + SiLU of this block's channels (raw q, k: the L2 norms are scalars applied below)
-        auto conv = [&](int ch, float pre) {
-            return r == 0 ? siluf_(fmaf(p.conv_w[ch * p.K + P], p.qkv[(int64_t)row * C + ch], pre))
-                          : conv_at(p, cstate, sp.row0, r, ch);
-        };
-        const float qv = conv(ch_q, pre_q), kv = conv(ch_k, pre_k);
-        if (warp == 0) s_v[lane] = conv(ch_v, pre_v);
+        const float qv = conv_token(p, cstate, sp, r, ch_q, pre_q), kv = conv_token(p, cstate, sp, r, ch_k, pre_k);
+        if (warp == 0) s_v[lane] = conv_token(p, cstate, sp, r, ch_v, pre_v);
         s_q[tid] = qv, s_k[tid] = kv;  // row warp*32 + lane: read back by this warp only
         // 2. gates: beta = sigmoid(b), alpha = exp(-exp(A_log) softplus(a + dt_bias))
-        if (tid == 0) {
-            const float b = r == 0 ? b0 : p.b[(int64_t)row * p.Hv + h], a = r == 0 ? a0 : p.a[(int64_t)row * p.Hv + h];
-            s_scal[0] = sigmoidf_(b);
-            s_scal[1] = expf(A * gdn_softplus(a + dtb));
-        }
+        if (tid == 0)
+            gdn_gates(r == 0 ? b0 : p.b[(int64_t)row * p.Hv + h], r == 0 ? a0 : p.a[(int64_t)row * p.Hv + h], A, dtb, s_scal);
         // 3. this warp's parts of |q|^2, |k|^2, q.k and of S^T k, S^T q over its 32 key rows (old state)
         const float sqq = warp_sum(qv * qv), skk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
         __syncwarp();
@@ -160,6 +186,143 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
     }
 }
 
+// recur_kernel with the state staged in shared memory, for decode batches: per (span, value head), the head's
+// state [DK, COLS] (64 KB) streams in by cp.async at the start, which holds no registers while in flight, so an SM
+// keeps 3 x 64 KB of state in flight where the register form, its 32 state registers a thread capping it at ~5
+// blocks of 16 KB, keeps ~80 KB (1.5 TB/s at 64 rows; this form 2.2 TB/s at 256 rows, on the H100). Each thread
+// then sums S^T k and S^T q over one column x RPP key rows, and updates 4 columns x VR rows (float4: a warp moves
+// 512 contiguous bytes); at the span's last token the update goes straight to global memory.
+// Roles: threads < DK convolve q and k channel tid, threads DK .. DK + COLS the v channels.
+template <int COLS>
+__global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn_params p, int max_rows) {
+    constexpr int NT = k_smem_threads, PARTS = NT / COLS, RPP = DK / PARTS;
+    static_assert(NT % COLS == 0 && DK % PARTS == 0 && DK + COLS <= NT && COLS % 32 == 0 && NT % (COLS / 4) == 0 &&
+                      DK % (NT / (COLS / 4)) == 0, "recur_smem_kernel shape");
+    extern __shared__ float4 s_state4[];
+    float* const sS = reinterpret_cast<float*>(s_state4);  // [DK][COLS]
+    __shared__ float s_q[DK], s_k[DK], s_v[COLS], s_red[2][PARTS][COLS], s_scal[2], s_sum[3][k_warps];
+    __shared__ float s_win[k_win][2 * DK + COLS];  // the new conv window's entries [j][q | k | the block's v channels]
+    __shared__ __align__(16) float s_delta[COLS];  // the token's delta per column, for the update's layout
+    const int span = blockIdx.x, h = blockIdx.y, cb = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    pdl_trigger();
+    const dspan sp = p.spans[span];
+    if (sp.n > max_rows) {
+        pdl_wait();
+        return;
+    }
+    const dseq sq = p.seqs[span];
+    float* S = s_buf(sq, p.shape, p.slot) + (int64_t)h * DK * p.dv + cb * COLS;
+    // the state first (16-byte aligned: cuda_state's layout): it needs nothing from the projection (PDL), and
+    // everything else waits on it
+    for (int c = tid; c < DK * COLS / 4; c += NT) {
+        const int r = c / (COLS / 4), c4 = c % (COLS / 4);
+        cp_async16(sS + r * COLS + c4 * 4, S + (int64_t)r * p.dv + c4 * 4);
+    }
+    cp_async_commit();
+    const int parity = sq.meta[1] & 1;
+    const float* cstate = conv_buf(sq, p.shape, p.slot, parity);
+    float* cnext = conv_buf(sq, p.shape, p.slot, parity ^ 1);
+    const int group = p.Hv / p.Hk, kh = h / group, kd = p.Hk * p.dk;
+    const bool qk_role = tid < DK, v_role = tid >= DK && tid < DK + COLS;
+    const int ch_q = kh * DK + tid, ch_k = kd + kh * DK + tid, ch_v = 2 * kd + h * p.dv + cb * COLS + (tid - DK);
+    const int P = p.K - 1, C = (int)p.shape.conv_ch;
+    const float pre_q = qk_role ? window_terms(p, cstate, ch_q) : 0.0f;
+    const float pre_k = qk_role ? window_terms(p, cstate, ch_k) : 0.0f, pre_v = v_role ? window_terms(p, cstate, ch_v) : 0.0f;
+    // the new conv window, each channel by one owner (as recur_kernel: q/k by the group's first value head's first
+    // column block, v by every block), staged in shared memory where K - 1 <= k_win (registers held through the
+    // whole kernel would cost occupancy; a load from global memory after the state's stores waits for them)
+    const bool owner_qk = qk_role && (h % group == 0) && cb == 0, win_smem = P <= k_win;
+    auto win_src = [&](int j, int ch) { return window_source(p, sp, cstate, j, ch); };
+    auto win_load = [&](bool old) {  // the entries from the old window (before the wait) or from the span
+#pragma unroll
+        for (int j = 0; j < k_win; j++) {
+            if (!win_smem || j >= P || (sp.n - P + j < 0) != old) continue;
+            if (owner_qk) s_win[j][tid] = *win_src(j, ch_q), s_win[j][DK + tid] = *win_src(j, ch_k);
+            if (v_role) s_win[j][DK + tid] = *win_src(j, ch_v);
+        }
+    };
+    win_load(true);
+    const float A = -expf(p.A_log[h]), dtb = p.dt_bias[h];
+    const float qscale = rsqrtf((float)DK);
+    pdl_wait();  // qkv, b and a come from the projection
+    float b0 = 0.0f, a0 = 0.0f;
+    if (tid == 0 && sp.n > 0) b0 = p.b[(int64_t)sp.row0 * p.Hv + h], a0 = p.a[(int64_t)sp.row0 * p.Hv + h];
+    win_load(false);
+
+    const int vc = tid % COLS, part = tid / COLS, col = cb * COLS + vc;  // this thread's state column and rows
+    float* const mine = sS + part * RPP * COLS + vc;                      // its rows' entries, COLS apart
+    // the update's layout: columns 4 c4 .. 4 c4 + 3, key rows vg VR .. vg VR + VR - 1
+    constexpr int C4 = COLS / 4, VR = DK / (NT / C4);
+    const int c4 = tid % C4, vg = tid / C4;
+    for (int r = 0; r < sp.n; r++) {
+        const int row = sp.row0 + r;
+        if (qk_role) {  // whole warps 0 .. DK/32 - 1
+            const float qv = conv_token(p, cstate, sp, r, ch_q, pre_q), kv = conv_token(p, cstate, sp, r, ch_k, pre_k);
+            s_q[tid] = qv, s_k[tid] = kv;
+            const float sqq = warp_sum(qv * qv), skk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
+            if (lane == 0) s_sum[0][warp] = sqq, s_sum[1][warp] = skk, s_sum[2][warp] = sqk;
+        }
+        if (v_role) s_v[tid - DK] = conv_token(p, cstate, sp, r, ch_v, pre_v);
+        if (tid == 0)
+            gdn_gates(r == 0 ? b0 : p.b[(int64_t)row * p.Hv + h], r == 0 ? a0 : p.a[(int64_t)row * p.Hv + h], A, dtb, s_scal);
+        if (r == 0) cp_async_wait<0>();
+        __syncthreads();
+        // this thread's parts of S^T k and S^T q over its rows (old state; raw q, k: the norms are scalars)
+        float u = 0, w = 0;
+#pragma unroll 8
+        for (int i = 0; i < RPP; i++) {
+            const float s = mine[i * COLS];
+            u = fmaf(s, s_k[part * RPP + i], u);
+            w = fmaf(s, s_q[part * RPP + i], w);
+        }
+        s_red[0][part][vc] = u, s_red[1][part][vc] = w;
+        __syncthreads();
+        float tq = 0, tk = 0, tqk = 0, su = 0, sw = 0;
+#pragma unroll
+        for (int i = 0; i < k_warps; i++) tq += s_sum[0][i], tk += s_sum[1][i], tqk += s_sum[2][i];
+#pragma unroll
+        for (int i = 0; i < PARTS; i++) su += s_red[0][i][vc], sw += s_red[1][i][vc];
+        const float rq = rsqrtf(tq + 1e-6f) * qscale, rk = rsqrtf(tk + 1e-6f);
+        const float beta = s_scal[0], alpha = s_scal[1];
+        if (part == 0) {
+            const float delta = beta * (s_v[vc] - alpha * (su * rk));
+            s_delta[vc] = delta;
+            p.o[(int64_t)row * p.Hv * p.dv + h * p.dv + col] = alpha * (sw * rq) + (tqk * rq * rk) * delta;
+        }
+        __syncthreads();
+        // S' = alpha S + k^ delta^T, four columns x VR rows a thread: a warp stores 128 contiguous floats at once
+        const float4 d4 = reinterpret_cast<const float4*>(s_delta)[c4];
+        const bool last = r + 1 == sp.n;
+#pragma unroll 4
+        for (int i = 0; i < VR; i++) {
+            const int k = vg * VR + i;
+            float4 x = reinterpret_cast<float4*>(sS + k * COLS)[c4];
+            const float kd = s_k[k] * rk;
+            x.x = fmaf(alpha, x.x, kd * d4.x), x.y = fmaf(alpha, x.y, kd * d4.y);
+            x.z = fmaf(alpha, x.z, kd * d4.z), x.w = fmaf(alpha, x.w, kd * d4.w);
+            if (last) reinterpret_cast<float4*>(S + (int64_t)k * p.dv)[c4] = x;
+            else reinterpret_cast<float4*>(sS + k * COLS)[c4] = x;
+        }
+        if (!last) __syncthreads();  // the state, s_q, s_k, s_v, s_red, s_sum, s_delta are reused by the next token
+    }
+    cp_async_wait<0>();  // (a span of no rows: its copies must land before the block ends)
+
+    if (win_smem) {  // (each entry written and read by the same thread)
+#pragma unroll
+        for (int j = 0; j < k_win; j++) {
+            if (j >= P) continue;
+            if (owner_qk) cnext[j * C + ch_q] = s_win[j][tid], cnext[j * C + ch_k] = s_win[j][DK + tid];
+            if (v_role) cnext[j * C + ch_v] = s_win[j][DK + tid];
+        }
+    } else {
+        for (int j = 0; j < P; j++) {
+            if (owner_qk) cnext[j * C + ch_q] = *win_src(j, ch_q), cnext[j * C + ch_k] = *win_src(j, ch_k);
+            if (v_role) cnext[j * C + ch_v] = *win_src(j, ch_v);
+        }
+    }
+}
+
 // y = o / rms(o) * w * silu(z) per (row, head) of dv values; one block of dv threads per (row, head).
 __global__ void gated_norm_kernel(const gdn_params p) {
     __shared__ float scratch[32];
@@ -175,6 +338,18 @@ __global__ void gated_norm_kernel(const gdn_params p) {
     p.out[rh * p.dv + j] = o * inv * w * gate;
 }
 
+template <int COLS>
+void launch_recur_smem(const gdn_params& p, int max_rows, cudaStream_t stream) {
+    const size_t smem = (size_t)DK * COLS * sizeof(float);
+    static const bool opted_in = [&] {  // beyond the default 48 KB (COLS = 128: 64 KB)
+        CUDA_CHECK(cudaFuncSetAttribute(recur_smem_kernel<COLS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        return true;
+    }();
+    (void)opted_in;
+    launch_pdl(recur_smem_kernel<COLS>, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)),
+               dim3(k_smem_threads), smem, stream, p, max_rows);
+}
+
 }  // namespace
 
 void gdn_forward(const gdn_params& p, cudaStream_t stream) {
@@ -188,8 +363,12 @@ void gdn_forward(const gdn_params& p, cudaStream_t stream) {
     const bool any_short = !(p.n_spans == 1 && any_long);
     if (any_long) gdn_prefill(p, k_gdn_recur_max_rows + 1, stream);
     if (any_short) {
-        launch_pdl(recur_kernel, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)), dim3(DK), 0, stream,
-                   p, any_long ? k_gdn_recur_max_rows : INT_MAX);
+        const int max_rows = any_long ? k_gdn_recur_max_rows : INT_MAX;
+        if (active_kernel_plan().recur_smem(p.n_spans) && p.dv % k_smem_cols == 0)
+            launch_recur_smem<k_smem_cols>(p, max_rows, stream);
+        else
+            launch_pdl(recur_kernel, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)), dim3(DK), 0,
+                       stream, p, max_rows);
         CUDA_CHECK_LAUNCH();
     }
     launch_pdl(gated_norm_kernel, dim3((unsigned)(p.T * p.Hv)), dim3((unsigned)p.dv), 0, stream, p);

@@ -1,7 +1,8 @@
 // Gated DeltaNet on the device (MODEL.md §4): conv (double-buffered state) + SiLU + L2 norms + gates + the
 // delta rule, then the gated RMSNorm. Two paths, routed by span length inside gdn_forward:
 //  - decode (spans of <= k_gdn_recur_max_rows rows): one block per (sequence, value head, 32 value columns)
-//    walks the span's tokens with the state slice in registers (gdn.cu);
+//    walks the span's tokens with the state slice in registers, or for batches of many sequences one block per
+//    (sequence, value head) with the head's state staged in shared memory (gdn.cu);
 //  - prefill (longer spans): a parallel prep kernel (conv, norms, gates) into a workspace, then either the
 //    chunk-parallel form (MODEL.md §4.7: per (chunk, head) the intra-chunk matrices in parallel, then a scan over
 //    chunks carrying the fp32 state; the default) or a token-by-token scan with the state in registers

@@ -68,12 +68,13 @@ void apply(const kernel_options& o, kernel_plan& p) {
     if (o.dense_rows > 0) p.dense_rows = o.dense_rows;
     if (o.moe_small_gate_up_items > 0) p.moe_small_gate_up_items = o.moe_small_gate_up_items;
     if (o.moe_small_down_items > 0) p.moe_small_down_items = o.moe_small_down_items;
+    if (o.recur >= 0) p.recur = o.recur;
 }
 
 bool any(const kernel_options& o) {
     return o.mma_families >= 0 || o.int8_inputs >= 0 || o.gemm_wgmma >= 0 || o.moe_groups >= 0 ||
            o.dense_groups >= 0 || o.moe_small >= 0 || o.dense_rows > 0 || o.moe_small_gate_up_items > 0 ||
-           o.moe_small_down_items > 0;
+           o.moe_small_down_items > 0 || o.recur >= 0;
 }
 
 // TANSY_KERNELS: the debug override, on top of whatever the options chose. A malformed value aborts (it is set by
@@ -101,7 +102,7 @@ kernel_plan& active() {
 
 }  // namespace
 
-const char* const k_keys = "mma, int8, wgmma, moe_groups, dense_groups, moe_small, dense_rows, moe_small_gu, moe_small_dn";
+const char* const k_keys = "mma, int8, wgmma, moe_groups, dense_groups, moe_small, dense_rows, moe_small_gu, moe_small_dn, recur";
 
 std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
     for (size_t i = 0; i <= spec.size();) {
@@ -136,6 +137,9 @@ std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
             if (val.empty() || *end || n < lo || n > hi)
                 return key + " takes " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" + val + "'";
             (rows ? opt->dense_rows : key == "moe_small_gu" ? opt->moe_small_gate_up_items : opt->moe_small_down_items) = (int)n;
+        } else if (key == "recur") {
+            if (val != "0" && val != "1") return "recur takes 0 (registers) or 1 (shared memory), got '" + val + "'";
+            opt->recur = val == "1";
         } else {
             return "unknown key '" + key + "' (" + k_keys + ")";
         }
@@ -170,9 +174,9 @@ std::string kernel_plan::describe(const char* indent) const {
         line("device     %s: compute capability %d.%d, %d SMs, %zu KB shared memory per block", dev.name.c_str(),
              dev.cc / 10, dev.cc % 10, dev.sms, dev.smem_optin / 1024);
     line("switches   mma=%s int8=%s wgmma=%s moe_groups=%d dense_groups=%d moe_small=%d dense_rows=%d moe_small_gu=%d "
-         "moe_small_dn=%d (%s)%s",
+         "moe_small_dn=%d recur=%d (%s)%s",
          families_name(mma_families).c_str(), int8_inputs ? "on" : "off", gemm_wgmma ? "on" : "off", moe_groups,
-         dense_groups, moe_small, dense_rows, moe_small_gate_up_items, moe_small_down_items, source.c_str(),
+         dense_groups, moe_small, dense_rows, moe_small_gate_up_items, moe_small_down_items, recur, source.c_str(),
          gemm_wgmma && !wgmma() ? "; wgmma: not in this build or not on this device" : "");
     line("mode       %s", precise ? "precise (--gemm precise): split-bf16 GEMM operands, fp32 decode inputs"
                                   : "fast: fp16 GEMM operands; decode inputs rounded to fp16 as the GEMMs' are");
@@ -218,8 +222,14 @@ std::string kernel_plan::describe(const char* indent) const {
     line(
         "attention  spans < %d rows: split-K decode (attention.cu); longer: flash prefill tiles (attention_prefill.cu)",
         k_attn_prefill_min_rows);
-    line("deltanet   spans <= %d rows: recurrent (gdn.cu); longer: chunk-parallel (gdn_prefill.cu) unless --deltanet",
-         k_gdn_recur_max_rows);
+    char recur_form[96];
+    if (recur >= 0)
+        snprintf(recur_form, sizeof recur_form, "the state %s", recur ? "staged in shared memory" : "in registers");
+    else
+        snprintf(recur_form, sizeof recur_form, "the state in registers below %d sequences, else in shared memory",
+                 k_recur_smem_min_spans);
+    line("deltanet   spans <= %d rows: recurrent (gdn.cu: %s); longer: chunk-parallel (gdn_prefill.cu) unless "
+         "--deltanet", k_gdn_recur_max_rows, recur_form);
     return s;
 }
 
@@ -236,6 +246,11 @@ bool decode_int8_inputs() { return active().int8_inputs; }
 bool set_decode_int8_inputs(bool on) {
     const bool prev = active().int8_inputs;
     active().int8_inputs = on;
+    return prev;
+}
+int set_deltanet_recur(int form) {
+    const int prev = active().recur;
+    active().recur = form;
     return prev;
 }
 bool gemm_wgmma_requested() { return active().gemm_wgmma; }
