@@ -462,8 +462,8 @@ void scheduler::step() {
 }
 
 // Freed sequence states stay in the allocators' free lists (glibc keeps large freed blocks in its arenas once
-// it has raised its mmap threshold; the CUDA backend pools device states); when the batch drains, hand them
-// back so an idle server's memory returns to its idle level.
+// it has raised its mmap threshold; the CUDA backend pools device states); once the batch has drained and the
+// server stayed idle a moment (loop: k_release_after_s), hand them back so its memory returns to its idle level.
 void scheduler::release_free_memory() {
 #ifdef __GLIBC__
     malloc_trim(0);
@@ -506,13 +506,24 @@ bool scheduler::store_finished(sequence& s) {
 
 void scheduler::loop() {
     bool idle = true;
+    // when the batch drained: freed memory goes back once the server has stayed idle for k_release_after_s, so a
+    // client's next request (a chat's next turn, the next of a benchmark) finds its state's memory still pooled
+    std::optional<sched_clock::time_point> release_at;
     for (;;) {
         std::vector<std::unique_ptr<sequence>> dropped, admitted;  // ended while queued; newly admitted
         std::unordered_set<uint64_t> cancels;
         bool expired = false;
         {
             std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [&] { return stop_ || !cancels_.empty() || !active_.empty() || !queue_.empty(); });
+            auto work = [&] { return stop_ || !cancels_.empty() || !active_.empty() || !queue_.empty(); };
+            if (release_at && !cv_.wait_until(lk, *release_at, work)) {
+                release_at.reset();
+                lk.unlock();
+                release_free_memory();
+                continue;
+            }
+            release_at.reset();
+            cv_.wait(lk, work);
             cancels.swap(cancels_);
             for (auto it = queue_.begin(); it != queue_.end();) {
                 if (shutting_down_ || cancels.count((*it)->id)) {
@@ -627,7 +638,8 @@ void scheduler::loop() {
         sweep_finished();
         size_t bytes = 0;
         for (const auto& s : active_) bytes += s->st ? s->st->bytes() : 0;
-        if (active_.empty() && !idle) release_free_memory();
+        if (active_.empty() && !idle) release_at = sched_clock::now() + std::chrono::duration_cast<sched_clock::duration>(
+                                                           std::chrono::duration<double>(k_release_after_s));
         idle = active_.empty();
         std::lock_guard<std::mutex> lk(mu_);
         stats_.active = (int)active_.size();
