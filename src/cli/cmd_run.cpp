@@ -183,6 +183,7 @@ int cmd_run(int argc, char** argv) {
         po.budget = size_t(1) << 30;
         po.turn_token = te.tok().find("<|im_start|>");
         po.min_tokens = 16;  // one conversation: even a short turn is worth its checkpoint
+        po.min_mark_gap = 16;
         cache = std::make_unique<prefix_cache>(te.eng().be(), po);
     }
     ojson messages = ojson::array();

@@ -107,7 +107,7 @@ std::vector<int64_t> prefix_cache::plan(const std::vector<int32_t>& prompt, int6
     if (!enabled()) return at;
     const int64_t T = (int64_t)prompt.size();
     auto want = [&](int64_t p) {
-        if (p > from && p < T && p >= opt_.min_tokens) at.push_back(p);
+        if (p >= from + std::max<int64_t>(opt_.min_mark_gap, 1) && p < T && p >= opt_.min_tokens) at.push_back(p);
     };
     {
         // where the prompt leaves the longest cached path: the next request on that path restores from here

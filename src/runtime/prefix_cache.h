@@ -70,6 +70,11 @@ struct prefix_cache_options {
     // Neither checkpoints nor entries below this many tokens: at full size a snapshot is ~63 MB, worth keeping
     // only for a prefix whose recompute it saves (256 tokens: ~10 ms at 25K tok/s).
     int64_t min_tokens = 256;
+    // No mark (plan()) this close to where the prompt's prefill starts: a mark ends a prefill piece, and a piece
+    // costs a forward step's fixed time (~4 ms at full size: ~100 prompt tokens at 25K tok/s) to save a later
+    // request at most the tokens between the two (an agent's next call diverges a few tokens past the restored
+    // prompt end: that mark cost a step and saved nothing).
+    int64_t min_mark_gap = 128;
 };
 
 struct prefix_cache_stats {

@@ -45,6 +45,7 @@ prefix_cache_options small_blocks(size_t budget = size_t(256) << 20) {
     o.budget = budget;
     o.snapshot_interval = 64;  // several blocks in the test prompts (~100-200 tokens)
     o.min_tokens = 8;
+    o.min_mark_gap = 1;  // marks wherever they fall: the tests' prompts are shorter than the default gap
     o.turn_token = tiny().tok().find("<|im_start|>");
     return o;
 }
@@ -160,6 +161,54 @@ TEST(prefix_cache, lookup_leaves_a_token_and_absorbs_extended_entries) {
     pc.evict_to(0);
     EXPECT_EQ(pc.stats().entries, 0);
     EXPECT_EQ(pc.bytes(), 0u);
+}
+
+// plan(): the divergence point and the first and last turn marks, none closer than min_mark_gap to where the
+// prefill starts (a piece that short costs a step and saves less).
+TEST(prefix_cache, marks_keep_their_distance_from_the_restored_prefix) {
+    engine& eng = tiny().eng();
+    prefix_cache_options o = small_blocks();
+    const std::vector<int32_t> p = render(conversation("What is an RRULE? Answer in one line, then give an example."));
+    const int64_t n = (int64_t)p.size();
+    std::vector<int64_t> turns;
+    for (int64_t i = 1; i < n; i++)
+        if (p[(size_t)i] == o.turn_token) turns.push_back(i);
+    ASSERT_GE(turns.size(), 2u) << "the system message, the user's and the assistant header each start a turn";
+    const int64_t first = turns.front(), last = turns.back();
+    ASSERT_GT(last - first, 20);
+    {
+        prefix_cache pc(eng.be(), o);
+        EXPECT_EQ(pc.plan(p, 0), (std::vector<int64_t>{first, last}));
+        EXPECT_EQ(pc.plan(p, first), (std::vector<int64_t>{last}));  // at or before `from`: none
+    }
+    o.min_mark_gap = last - first;  // the last mark exactly that far from a start at the first
+    {
+        prefix_cache pc(eng.be(), o);
+        EXPECT_EQ(pc.plan(p, first), (std::vector<int64_t>{last}));
+        EXPECT_EQ(pc.plan(p, first + 1), (std::vector<int64_t>{})) << "one token closer: dropped";
+    }
+    o.min_mark_gap = first + 1;
+    {
+        prefix_cache pc(eng.be(), o);
+        EXPECT_EQ(pc.plan(p, 0), (std::vector<int64_t>{last})) << "the first mark is too close to 0";
+    }
+    // the divergence point from a cached entry: kept far from the start, dropped near it
+    o.min_mark_gap = 1;
+    prefix_cache pc(eng.be(), o);
+    auto st = eng.new_sequence(n + 8);
+    const int64_t d = first + 10;
+    std::vector<int32_t> other(p.begin(), p.begin() + d);
+    other.push_back(p[(size_t)d] + 1);  // leaves p at d
+    eng.step(*st, other, logits_rows::none);
+    pc.insert(other.data(), (int64_t)other.size(), *st);
+    const std::vector<int64_t> with_d = pc.plan(p, 0);
+    EXPECT_TRUE(std::binary_search(with_d.begin(), with_d.end(), d)) << "divergence point " << d;
+    prefix_cache_options far = o;
+    far.min_mark_gap = d + 1;
+    prefix_cache pc2(eng.be(), far);
+    pc2.insert(other.data(), (int64_t)other.size(), *st);
+    const std::vector<int64_t> without_d = pc2.plan(p, 0);
+    EXPECT_FALSE(std::binary_search(without_d.begin(), without_d.end(), d));
 }
 
 // ---- scheduler: token-exact with and without the cache
