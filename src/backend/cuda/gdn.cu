@@ -71,18 +71,22 @@ __device__ __forceinline__ void gdn_gates(float b, float a, float A, float dtb, 
     s_scal[1] = expf(A * gdn_softplus(a + dtb));
 }
 
-// Spans of more than max_rows rows are left to the prefill path.
+// A decode kernel's start: lets the next kernel launch (PDL) and reads the block's span. Spans of more than max_rows
+// rows are left to the prefill path: the caller returns on them, and the PDL wait they still owe is taken here.
+__device__ __forceinline__ dspan open_span(const gdn_params& p, int span, int max_rows) {
+    pdl_trigger();
+    const dspan sp = p.spans[span];
+    if (sp.n > max_rows) pdl_wait();
+    return sp;
+}
+
 __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_rows) {
     __shared__ float s_q[DK], s_k[DK], s_v[COLS], s_red[2][k_warps][COLS], s_scal[2];
     __shared__ float s_sum[3][k_warps];
     const int span = blockIdx.x, h = blockIdx.y, cb = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
-    pdl_trigger();
-    const dspan sp = p.spans[span];
-    if (sp.n > max_rows) {
-        pdl_wait();
-        return;
-    }
+    const dspan sp = open_span(p, span, max_rows);
+    if (sp.n > max_rows) return;
     const dseq sq = p.seqs[span];
     const int parity = sq.meta[1] & 1;
     const float* cstate = conv_buf(sq, p.shape, p.slot, parity);
@@ -205,12 +209,8 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
     __shared__ __align__(16) float s_delta[COLS];  // the token's delta per column, for the update's layout
     const int span = blockIdx.x, h = blockIdx.y, cb = blockIdx.z;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    pdl_trigger();
-    const dspan sp = p.spans[span];
-    if (sp.n > max_rows) {
-        pdl_wait();
-        return;
-    }
+    const dspan sp = open_span(p, span, max_rows);
+    if (sp.n > max_rows) return;
     const dseq sq = p.seqs[span];
     float* S = s_buf(sq, p.shape, p.slot) + (int64_t)h * DK * p.dv + cb * COLS;
     // the state first (16-byte aligned: cuda_state's layout): it needs nothing from the projection (PDL), and
