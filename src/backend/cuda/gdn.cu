@@ -340,12 +340,8 @@ __global__ void gated_norm_kernel(const gdn_params p) {
 
 template <int COLS>
 void launch_recur_smem(const gdn_params& p, int max_rows, cudaStream_t stream) {
-    const size_t smem = (size_t)DK * COLS * sizeof(float);
-    static const bool opted_in = [&] {  // beyond the default 48 KB (COLS = 128: 64 KB)
-        CUDA_CHECK(cudaFuncSetAttribute(recur_smem_kernel<COLS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        return true;
-    }();
-    (void)opted_in;
+    const size_t smem = (size_t)DK * COLS * sizeof(float);  // beyond the default 48 KB (COLS = 128: 64 KB)
+    allow_dynamic_smem<recur_smem_kernel<COLS>>(smem);
     launch_pdl(recur_smem_kernel<COLS>, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)),
                dim3(k_smem_threads), smem, stream, p, max_rows);
 }
