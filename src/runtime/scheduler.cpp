@@ -463,7 +463,7 @@ void scheduler::step() {
 
 // Freed sequence states stay in the allocators' free lists (glibc keeps large freed blocks in its arenas once
 // it has raised its mmap threshold; the CUDA backend pools device states); once the batch has drained and the
-// server stayed idle a moment (loop: k_release_after_s), hand them back so its memory returns to its idle level.
+// server stayed idle a moment (loop: k_release_after), hand them back so its memory returns to its idle level.
 void scheduler::release_free_memory() {
 #ifdef __GLIBC__
     malloc_trim(0);
@@ -506,7 +506,7 @@ bool scheduler::store_finished(sequence& s) {
 
 void scheduler::loop() {
     bool idle = true;
-    // when the batch drained: freed memory goes back once the server has stayed idle for k_release_after_s, so a
+    // when the batch drained: freed memory goes back once the server has stayed idle for k_release_after, so a
     // client's next request (a chat's next turn, the next of a benchmark) finds its state's memory still pooled
     std::optional<sched_clock::time_point> release_at;
     for (;;) {
@@ -638,8 +638,7 @@ void scheduler::loop() {
         sweep_finished();
         size_t bytes = 0;
         for (const auto& s : active_) bytes += s->st ? s->st->bytes() : 0;
-        if (active_.empty() && !idle) release_at = sched_clock::now() + std::chrono::duration_cast<sched_clock::duration>(
-                                                           std::chrono::duration<double>(k_release_after_s));
+        if (active_.empty() && !idle) release_at = sched_clock::now() + k_release_after;
         idle = active_.empty();
         std::lock_guard<std::mutex> lk(mu_);
         stats_.active = (int)active_.size();

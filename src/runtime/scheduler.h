@@ -179,7 +179,7 @@ class scheduler {
     bool store_finished(sequence& s);  // true when it went into the prefix cache
     void release_free_memory();
     // An idle server hands freed memory back after this long without work (scheduler::loop).
-    static constexpr double k_release_after_s = 0.2;
+    static constexpr std::chrono::milliseconds k_release_after{200};
     bool needs_host_logits(const sequence& s) const;
     void update_mask(sequence& s);
     size_t running_bytes() const;
