@@ -107,6 +107,32 @@ __device__ __forceinline__ void ring_start(int nk, Issue&& issue, Dequant&& dequ
     dequant(0);
 }
 
+// One value out (store / rows epilogues): A row r (global), output column col, already divided by the fast
+// mode's a_scale.
+template <gemm_epilogue EPI>
+__device__ __forceinline__ void store_value(const gemm_params& p, int64_t r, int64_t col, float v) {
+    if (col >= p.N) return;
+    if constexpr (EPI == gemm_epilogue::rows) {
+        p.out[r * p.ldo + col] = v;
+    } else {
+        int s = 0;
+        while (s + 1 < p.n_seg && col >= p.seg[s + 1].row0) s++;
+        float* o = p.seg[s].out + r * p.seg[s].ld + (col - p.seg[s].row0);
+        *o = p.accumulate ? *o + v : v;
+    }
+}
+
+// The SwiGLU value y of feature f (< p.N) for A row r (global) out, as fp16 times out16_scale (out16) or fp32.
+__device__ __forceinline__ void store_swiglu_value(const gemm_params& p, int64_t r, int64_t f, float y) {
+    if (p.out16)
+        p.out16[r * p.ldo + f] = (uint16_t)(pack_f16(y * p.out16_scale, 0.0f) & 0xFFFFu);
+    else
+        p.out[r * p.ldo + f] = y;
+}
+__device__ __forceinline__ void store_swiglu(const gemm_params& p, int64_t r, int64_t f, float gate, float up) {
+    store_swiglu_value(p, r, f, siluf_(gate) * up);
+}
+
 // One accumulator pair out: tile row m (token slot), tile columns cl and cl + 1 (cl even; swiglu: the gate and
 // up of feature cl / 2), values already divided by the fast mode's a_scale.
 template <gemm_epilogue EPI>
@@ -115,28 +141,11 @@ __device__ __forceinline__ void store_pair(const gemm_params& p, int row0, int r
     const int64_t r = row0 + m;
     if constexpr (EPI == gemm_epilogue::swiglu) {
         const int64_t f = (int64_t)blockIdx.x * (BN / 2) + cl / 2;
-        if (f >= p.N) return;
-        const float y = siluf_(v0) * v1;
-        if (p.out16)
-            p.out16[r * p.ldo + f] = (uint16_t)(pack_f16(y * p.out16_scale, 0.0f) & 0xFFFFu);
-        else
-            p.out[r * p.ldo + f] = y;
+        if (f < p.N) store_swiglu(p, r, f, v0, v1);
     } else {
         const int64_t n0 = (int64_t)blockIdx.x * BN + cl;
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int64_t col = n0 + e;
-            if (col >= p.N) continue;
-            const float v = e ? v1 : v0;
-            if constexpr (EPI == gemm_epilogue::rows) {
-                p.out[r * p.ldo + col] = v;
-            } else {
-                int s = 0;
-                while (s + 1 < p.n_seg && col >= p.seg[s + 1].row0) s++;
-                float* o = p.seg[s].out + r * p.seg[s].ld + (col - p.seg[s].row0);
-                *o = p.accumulate ? *o + v : v;
-            }
-        }
+        store_value<EPI>(p, r, n0, v0);
+        store_value<EPI>(p, r, n0 + 1, v1);
     }
 }
 

@@ -99,10 +99,14 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
     return r;
 }
 
+// 16 bytes global -> shared, bypassing L1, of which `bytes` (16 or 0) are read and the rest zeroed; dst a shared
+// address (smem_addr).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, uint32_t bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
 // 16 bytes global -> shared, bypassing L1; with valid = false nothing is read and the 16 bytes are zeroed.
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
+    cp_async16_zfill(smem_addr(dst), src, valid ? 16u : 0u);
 }
 // 16 bytes global -> shared, bypassing L1 (every source valid).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -112,10 +116,12 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
-// 4 bytes global -> shared (through L1: small scattered words); valid = false zero-fills.
+// 4 bytes global -> shared (through L1: small scattered words), of which `bytes` (4 or 0) are read, the rest zeroed.
+__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, uint32_t bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0)
-                 : "memory");
+    cp_async4_zfill(smem_addr(dst), src, valid ? 4u : 0u);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
