@@ -154,7 +154,8 @@ INSTANTIATE_TEST_SUITE_P(shapes, cuda_gemm,
                                            gemm_case{0, 1000, 4096, 129, false}, gemm_case{0, 64, 64, 1, false},
                                            gemm_case{0, 257, 512, 64, true}, gemm_case{1, 257, 2048, 64, false},
                                            gemm_case{1, 33, 192, 70, true}, gemm_case{2, 130, 512, 77, false},
-                                           gemm_case{2, 2048, 128, 31, true},
+                                           gemm_case{2, 2048, 128, 31, true}, gemm_case{0, 136, 192, 3, false},
+                                           gemm_case{0, 300, 320, 17, true}, gemm_case{0, 520, 256, 255, false},
                                            // from k_gemm_wide_min_rows rows: 128-row tiles, partial last tile
                                            gemm_case{0, 1000, 1024, 600, false}, gemm_case{0, 257, 64, 517, true},
                                            gemm_case{0, 4160, 2048, 1000, true}, gemm_case{1, 257, 512, 517, true},
@@ -185,6 +186,32 @@ TEST(cuda_gemm_scale, large_activations) {
             if (scale == 1.0f) continue;
             EXPECT_LT(test::rel_error(got, reference(W, x, M, 0, N, false)), TOL_GEMM_FP32);
         }
+    }
+}
+
+// 4-bit groups of 32 (two (scale, bias) per 64-value k-tile) and 128 (one per two k-tiles) next to the default 64,
+// on 64-row tiles (M = 17) and the widest dense tiles (M = 600).
+TEST(cuda_gemm_groups, q4_group_sizes_match_cpu_twin) {
+    TANSY_REQUIRE_GPU();
+    const int64_t N = 200, K = 512;
+    for (bool wg : test::gemm_wgmma_modes()) {
+        test::gemm_wgmma_scope kernel(wg);
+        SCOPED_TRACE(test::gemm_kernel_name(wg));
+        for (int group : {32, 128})
+            for (int M : {17, 600}) {
+                test_matrix W(dfmt::q4, N, K, 90 + (uint32_t)group, group);
+                auto x = test::random_normal((size_t)(M * K), 91 + (uint32_t)M, 1.0f);
+                auto dx = to_device(x);
+                const cuda::device_buffer dx16 = fp16_of(dx, M, K);
+                cuda::device_buffer dy((size_t)(M * N) * 4);
+                cuda::gemm_params p;
+                p.W = W.d, p.N = N, p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = K, p.M = M;
+                p.seg[0] = {(float*)dy.get(), N, 0};
+                cuda::gemm(p, 0);
+                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                EXPECT_LT(test::rel_error(from_device<float>(dy, (size_t)(M * N)), reference(W, x, M, 0, N, true)), TOL_GEMM_EMULATED)
+                    << "group " << group << ", M = " << M;
+            }
     }
 }
 

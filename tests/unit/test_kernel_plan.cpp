@@ -83,10 +83,15 @@ TEST(kernel_plan, describes_each_row_range) {
     const std::string s = cuda::make_kernel_plan(dev, nullptr, false, {}).describe("  ");
     for (const char* want :
          {"device     test device: compute capability 9.0, 132 SMs", "mma=gemvn int8=on wgmma=on", "1 row", "2-16 rows",
-          "97+ rows   dense: GEMM", "(4-bit: wgmma)", "attention  spans < 16 rows", "deltanet   spans <= 16 rows"})
+          "97+ rows   dense: GEMM, 4-bit on wgmma", "from 512 rows 256-token tiles", "attention  spans < 16 rows",
+          "deltanet   spans <= 16 rows"})
         EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
     EXPECT_NE(s.find("\n  "), std::string::npos);  // continuation lines take the indent
     EXPECT_NE(s.find("17-96 rows  moe: the decode kernels"), std::string::npos) << s;  // the default
+    kernel_options no_wgmma;
+    no_wgmma.gemm_wgmma = 0;
+    EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, false, no_wgmma).describe().find("from 512 rows 128-row tiles where they fit (mma.sync)"),
+              std::string::npos);
     kernel_options off;
     off.moe_groups = off.dense_groups = 0;
     const cuda::kernel_plan p0 = cuda::make_kernel_plan(dev, nullptr, false, off);

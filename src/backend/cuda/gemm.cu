@@ -4,7 +4,8 @@
 //   gemm_fast_kernel     fp16 operands (A converted once by to_f16_kernel, or written as fp16 by the SwiGLU
 //                        epilogue), A and raw W words by cp.async through a 3-4 stage ring, W dequantised
 //                        smem -> smem one k-tile ahead of the tensor cores; 64-row tiles (experts) or 128-row
-//                        tiles (dense: halves the shared-memory reads per FLOP). sm_90 takes sm90/gemm_wgmma.cu.
+//                        tiles (dense: halves the shared-memory reads per FLOP). On sm_90 the 4-bit calls take
+//                        sm90/gemm_wgmma.cu (wgmma, weights dequantised in registers) instead.
 //   gemm_precise_kernel  both operands as bf16 hi + lo, three products (~fp32): the router (its top-8 must match
 //                        decode's) and `--gemm precise`.
 // fp16, not bf16, in fast mode: 2^-11 relative rounding (bf16 missed the CPU-agreement bounds); activations are
@@ -302,7 +303,7 @@ void launch(const gemm_params& p, cudaStream_t stream) {
     } else {
         const bool wide = p.tiles ? p.tile_bm == 2 * BM : p.M >= k_gemm_wide_min_rows && gemm_wide_tiles_fit(F);
 #if TANSY_HAVE_WGMMA
-        if (F == dfmt::q4 && wide && gemm_wgmma_enabled()) return gemm_wgmma(p, stream);
+        if (F == dfmt::q4 && gemm_wgmma_supports(p.W.group) && gemm_wgmma_enabled()) return gemm_wgmma(p, stream);
 #endif
         if (wide)
             launch_fast<F, EPI, 2 * BM>(p, grid, stream);

@@ -204,9 +204,12 @@ std::string kernel_plan::describe(const char* indent) const {
         line("%d-%d rows  dense: the 2-%d row kernels above in groups of <= %d rows (<= %d where gemv_mma_warp.cu takes "
              "them: K = 2048); fp32 inputs (the router) in one launch of the general GEMV", k_gemm_min_rows, dense_groups,
              k_gemm_min_rows - 1, k_mma_max_tokens, dense_rows);
-    line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s",
-         std::max(k_gemm_min_rows, dense_groups + 1),
-         k_gemm_wide_min_rows, !fast ? " (fast mode only)" : wgmma() ? " (4-bit: wgmma)" : " (mma.sync)");
+    if (fast && wgmma())
+        line("%d+ rows   dense: GEMM, 4-bit on wgmma (sm90/gemm_wgmma.cu), 64-token tiles; from %d rows %d-token tiles",
+             std::max(k_gemm_min_rows, dense_groups + 1), k_gemm_wide_min_rows, k_gemm_wgmma_dense_tokens);
+    else
+        line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s",
+             std::max(k_gemm_min_rows, dense_groups + 1), k_gemm_wide_min_rows, !fast ? " (fast mode only)" : " (mma.sync)");
     const int small_from = moe_groups >= k_gemm_min_rows ? std::min(k_moe_small_min_rows, moe_groups + 1) : k_gemm_min_rows;
     if (fast && moe_small >= small_from)
         line("%d-%d rows moe: small-M grouped kernels (moe_grouped_mma.cu: tiles of <= %d expert-sorted rows, each "

@@ -1,39 +1,28 @@
-// Hopper (sm_90a) form of the fast-mode GEMM for 4-bit weights: the same contract, tiles, cp.async ring and
-// epilogues as gemm_fast_kernel (gemm.cu), with the products on wgmma instead of mma.sync. Built for sm_90a only
-// (CMakeLists.txt); gemm() takes it on compute capability 9.0 unless the kernel plan says wgmma=off. 128-row
-// tiles only (64-row tiles, m64n64k16, measured slower than mma.sync: they stay there).
-// 256 threads = two warpgroups; warpgroup g takes tile rows 64g .. 64g+63 against all 128 W rows (m64n128k16, 64
-// accumulators per thread). A (fp16) and the dequantised W tile sit in shared memory in the 128-byte-swizzled
-// K-major layout wgmma reads through matrix descriptors (16-byte chunk c of row r at chunk c ^ (r % 8), atoms of
-// 8 rows = 1024 bytes, 1024-byte aligned), so neither operand goes through registers. Per k-tile (64): wait for
-// the ring, fence the generic-proxy writes (cp.async, the dequantised W) for the async proxy, one barrier, issue
-// the next k-tile's copies, four wgmma on descriptors advanced by 32 bytes per k16, commit; dequantise the next
-// k-tile's W while they run; wait. Shared memory: 3 x 21 KB ring + 2 x 16 KB dequantised W (96 KB): two CTAs per
-// SM. Why fast: no ldmatrix traffic or fragment shuffles, and the dequantisation overlaps the tensor cores.
+// Hopper (sm_90a) form of the fast-mode GEMM for 4-bit weights: the contract, tile lists and epilogues of
+// gemm_fast_kernel (gemm.cu), with the products on wgmma and the weights dequantised in registers. Built for sm_90a
+// only (CMakeLists.txt); gemm() takes it on compute capability 9.0 unless the kernel plan says wgmma=off.
+// The product is computed transposed, Y^T = W X^T: a CTA (256 threads, two warpgroups) takes 128 W rows, warpgroup
+// g rows 64g .. 64g+63 as wgmma's A operand straight from registers, against NT token rows (64, 128 or 256: the
+// tile list's rows, or kernel_plan.h's k_gemm_wgmma_dense_tokens) as the B operand, fp16 in shared memory in the
+// 128-byte-swizzled K-major layout (16-byte chunk c of row r at chunk c ^ (r % 8), 8-row atoms of 1024 bytes).
+// Each weight is read from shared memory and dequantised once per CTA, by the thread whose fragment holds it:
+// no dequantised copy goes through shared memory, and the only other shared-memory reader is wgmma's B fetch.
+// Per k-tile (64): wait for the ring, fence the cp.async writes for the async proxy, one barrier, issue the copies
+// PREFETCH k-tiles ahead, four wgmma on the fragments made in the previous step, commit, wait for the previous
+// group, then make the next k-tile's fragments while this group runs. The tile leaves through shared memory
+// (tile_out) in 16-byte row-contiguous stores.
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/gemm_tile.cuh"
 #include "backend/cuda/gemm_wgmma.cuh"
+#include "backend/cuda/kernel_plan.h"
 
 namespace tansy::cuda {
 
 namespace {
 
 using namespace gemm_dev;
-
-struct wg_layout {
-    static constexpr int BMT = 2 * BM;  // tile rows
-    static constexpr int STAGES = 3;
-    static constexpr int RAW_BYTES = BK / 2;                    // 4-bit W bytes per row and k-tile
-    static constexpr size_t A_BYTES = (size_t)BMT * BK * 2;     // fp16, 128 bytes per row, swizzled
-    static constexpr size_t W_BYTES = (size_t)BN * RAW_BYTES;   // raw words
-    static constexpr size_t SB_BYTES = (size_t)BN * 2 * 4;      // (scale, bias) per W row and half k-tile
-    static constexpr size_t STAGE = A_BYTES + W_BYTES + SB_BYTES;
-    static constexpr size_t DEQ = (size_t)BN * BK * 2;          // one dequantised W tile, fp16, swizzled
-    static constexpr size_t SMEM = STAGES * STAGE + 2 * DEQ + 1024;  // + alignment of the dynamic base
-    static_assert(A_BYTES % 1024 == 0 && STAGE % 1024 == 0 && DEQ % 1024 == 0, "1024-byte swizzle atoms");
-    static_assert(BK * 2 == 128, "a k-tile row is one 128-byte swizzle row");
-};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // device code for sm_90a only (the host pass sees none of it)
 // Offset (fp16 elements) of 16-byte chunk `chunk` (8 values) of row `row` in a 128-byte-swizzled K-major tile.
@@ -48,7 +37,6 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Generic-proxy writes to shared memory (st.shared, cp.async) made visible to the async proxy (wgmma operands).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
@@ -58,120 +46,338 @@ __device__ __forceinline__ void fence_acc(float (&d)[N]) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d (64 x 128 fp32, accumulated) += A (64 x 16 fp16, shared memory) B (16 x 128 fp16, shared memory), both K-major.
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// d (64 x N fp32, accumulated) += A (64 x 16 fp16 in registers: the mma.sync m16n8k16 A fragment of warp w of
+// the warpgroup for rows 16w .. 16w+15) B (16 x N fp16, shared memory, K-major). N = 64, 128 or 256.
+#define TANSY_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                    "+f"(d[i + 6]), "+f"(d[i + 7])
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : TANSY_D8(0), TANSY_D8(8), TANSY_D8(16), TANSY_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(1));
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : TANSY_D8(0), TANSY_D8(8), TANSY_D8(16), TANSY_D8(24), TANSY_D8(32), TANSY_D8(40), TANSY_D8(48), TANSY_D8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : TANSY_D8(0), TANSY_D8(8), TANSY_D8(16), TANSY_D8(24), TANSY_D8(32), TANSY_D8(40), TANSY_D8(48), TANSY_D8(56),
+          TANSY_D8(64), TANSY_D8(72), TANSY_D8(80), TANSY_D8(88), TANSY_D8(96), TANSY_D8(104), TANSY_D8(112), TANSY_D8(120)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+#undef TANSY_D8
+
+// The two 4-bit codes of byte `sel & 3` of `word` (low nibble: the even value) as the half2 (q_lo s + b, q_hi s + b),
+// given s2 = (s, s / 16) and b2 = (b, b): the byte goes to bytes 0 and 2, the low nibble of the first and the high
+// nibble of the second (bits 4-7: 16 q_hi) are ORed into the mantissa of 1024.0 (exact), 1024 comes off, and one
+// fused multiply-add rounds q s + b once to fp16, as the other fast kernels' fp32 dequantisation rounded to fp16
+// (exactly so for scales >= 2^-13, where s / 16 is an fp16 value; checkpoint scales are ~1e-3 - 1e-1).
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, uint32_t sel, __half2 s2, __half2 b2) {
+    const uint32_t b = __byte_perm(word, 0, sel);
+    uint32_t x;  // (b & 0x00F0000F) | 0x64006400 as one LOP3 (the compiler splits it in two)
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(x) : "r"(b), "r"(0x00F0000Fu), "r"(0x64006400u));
+    const __half2 q = __hsub2(*reinterpret_cast<const __half2*>(&x), __half2half2(__ushort_as_half(0x6400)));
+    const __half2 w = __hfma2(q, s2, b2);
+    return *reinterpret_cast<const uint32_t*>(&w);
 }
 #endif
 
+// The CTA's tile: 128 W rows (warpgroup g: rows 64g .. 64g+63, the wgmma A operand, dequantised in registers)
+// against NT token rows (the B operand: the GEMM's fp16 A rows, 128-byte-swizzled K-major in shared memory).
+// Ring stage: X [NT][64] fp16 | W words [128][32 bytes] (the two 16-byte chunks of row r swapped when bit 2 of r
+// is set: a warp's eight rows then read distinct banks) | (scale, bias) [128][2]. 8 stages (5 of 37 KB at 256
+// tokens); two CTAs an SM at 64 tokens (<= 128 registers a thread).
+template <int NT>
+struct wg_layout {
+    static constexpr int WROWS = 128;
+    static constexpr int STAGES = NT == 256 ? 5 : 8;
+    static constexpr int PREFETCH = STAGES - 2;  // k-tiles in flight: the stage of k-tile kt-1 is still being read
+    static_assert(PREFETCH >= 2, "k-tile kt + 1 lands while kt is multiplied");
+    static constexpr int CTAS = NT == 64 ? 2 : 1;  // per SM
+    static constexpr uint32_t X_BYTES = (uint32_t)NT * BK * 2;
+    static constexpr uint32_t W_BYTES = (uint32_t)WROWS * (BK / 2);
+    static constexpr uint32_t SB_BYTES = (uint32_t)WROWS * 2 * 4;
+    static constexpr uint32_t STAGE = X_BYTES + W_BYTES + SB_BYTES;
+    static constexpr size_t SMEM = (size_t)STAGES * STAGE + 1024;  // + alignment of the dynamic base
+    static_assert(X_BYTES % 1024 == 0 && STAGE % 1024 == 0, "1024-byte swizzle atoms");
+    static_assert((size_t)NT * (WROWS + 4) * 4 <= (size_t)STAGES * STAGE, "the epilogue's tile fits the ring");
+};
+
+// W row behind tile row c (0..127) of CTA column block blockIdx.x: swiglu pairs gate and up of one feature as rows
+// 16b + i (gate) and 16b + 8 + i (up) of feature 8b + i of the block's 64, so a thread's two accumulator rows
+// (lane/4 and lane/4 + 8 of its warp's 16) are one feature's gate and up.
 template <gemm_epilogue EPI>
-__global__ void __launch_bounds__(k_threads, 2) gemm_wgmma_kernel(const gemm_params p) {
+__device__ __forceinline__ const dmat& w_row_of(const gemm_params& p, int c, int expert, int64_t& wrow, bool& valid) {
+    const int64_t n = EPI == gemm_epilogue::swiglu ? (int64_t)blockIdx.x * 64 + (c / 16) * 8 + c % 8
+                                                   : (int64_t)blockIdx.x * 128 + c;
+    valid = n < p.N;
+    wrow = (int64_t)expert * p.N + (valid ? n : 0);
+    return EPI == gemm_epilogue::swiglu && (c & 8) ? p.W2 : p.W;
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = wg_layout;
-    constexpr int STAGES = L::STAGES, BMT = L::BMT;
-    constexpr int NACC = BN / 2;  // fp32 accumulators per thread (m64 x BN / 128 threads)
-    constexpr int A_CHUNKS = BMT * (BK / 8) / k_threads;
-    static_assert(BN * (L::RAW_BYTES / 16) == k_threads, "one 16-byte W chunk per thread and k-tile");
+// The thread's A fragments of one k-tile: a[s] for k16 step s, rows r0 and r0 + 8 of the tile (r0 = 16 warp +
+// lane/4). Fragment register j of step s holds columns 16s + 8(j/2) + 2t, +1 (t = lane%4) of row r0 + 8(j%2):
+// byte t of word 2s + j/2 of that row (the checkpoint's nibble order: value 8w + 2i in the low nibble of byte i).
+__device__ __forceinline__ void a_fragments(uint32_t (&a)[4][4], const unsigned char* st_w, const uint32_t* st_sb, int r0,
+                                             uint32_t sel, bool two_groups) {
+    uint32_t w[2][8];
+    __half2 sc[2][2], bi[2][2];
+    const int swap = (r0 >> 2) & 1;  // the same for r0 + 8
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const unsigned char* row = st_w + (r0 + 8 * h) * (BK / 2);
+        const uint4 c0 = *reinterpret_cast<const uint4*>(row + 16 * swap), c1 = *reinterpret_cast<const uint4*>(row + 16 * (1 - swap));
+        w[h][0] = c0.x, w[h][1] = c0.y, w[h][2] = c0.z, w[h][3] = c0.w;
+        w[h][4] = c1.x, w[h][5] = c1.y, w[h][6] = c1.z, w[h][7] = c1.w;
+        const uint2 sb = *reinterpret_cast<const uint2*>(st_sb + 2 * (r0 + 8 * h));
+        const float s0 = sb_scale(sb.x);
+        sc[h][0] = sc[h][1] = __floats2half2_rn(s0, s0 * 0.0625f);
+        bi[h][0] = bi[h][1] = __float2half2_rn(sb_bias(sb.x));
+        if (two_groups) {  // groups of 32: the k-tile's second half has its own (scale, bias)
+            const float s1 = sb_scale(sb.y);
+            sc[h][1] = __floats2half2_rn(s1, s1 * 0.0625f);
+            bi[h][1] = __float2half2_rn(sb_bias(sb.y));
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int h = j % 2, word = 2 * s + j / 2;
+            a[s][j] = dequant_pair(w[h][word], sel, sc[h][s / 2], bi[h][s / 2]);
+        }
+}
+#endif
+
+// The tile out through shared memory (the free ring): the accumulators (divided by a_scale; swiglu: silu(gate) * up)
+// into cs [NT][CW] (row pitch CW + 4: a warp's stores hit 32 distinct banks), then each warp writes whole token rows
+// with 16-byte accesses (read-modify-write for accumulate), four at a time so their loads overlap. Columns past N,
+// tokens past `rows`, a chunk that crosses a segment or is misaligned go element by element.
+template <gemm_epilogue EPI, int NT>
+__device__ __forceinline__ void tile_out(const gemm_params& p, const float (&acc)[NT / 2], float* cs, int row0, int rows, int r0) {
+    constexpr bool SWIGLU = EPI == gemm_epilogue::swiglu;
+    constexpr int CW = SWIGLU ? 64 : 128, LDC = CW + 4;
+    const int lane = threadIdx.x % 32;
+    const float inv_scale = 1.0f / p.a_scale;  // a power of two: exact
+    // accumulator 4j + 2h + e: W row r0 + 8h of the tile, token column 8j + 2(lane%4) + e
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float* c = cs + (8 * j + 2 * (lane % 4) + e) * LDC;
+            if constexpr (SWIGLU)  // feature 8 warp + lane/4 of the block's 64 (w_row_of)
+                c[(r0 / 16) * 8 + r0 % 8] = siluf_(acc[4 * j + e] * inv_scale) * (acc[4 * j + 2 + e] * inv_scale);
+            else
+                c[r0] = acc[4 * j + e] * inv_scale, c[r0 + 8] = acc[4 * j + 2 + e] * inv_scale;
+        }
+    __syncthreads();
+    // 4-value chunks: CW / 4 per token row
+    constexpr int CPR = CW / 4, BATCH = 4;
+    const int64_t col0 = (int64_t)blockIdx.x * CW;
+    for (int base = threadIdx.x; base < rows * CPR; base += BATCH * k_threads) {
+        float4 v[BATCH], old[BATCH];
+        float* dst[BATCH];
+        bool vec[BATCH];
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {  // destinations and (accumulate) the old values
+            const int idx = base + i * k_threads, m = idx / CPR, c = idx % CPR;
+            dst[i] = nullptr, vec[i] = false;
+            if (idx >= rows * CPR) continue;
+            v[i] = *reinterpret_cast<const float4*>(cs + m * LDC + 4 * c);
+            const int64_t r = row0 + m, col = col0 + 4 * c;
+            if constexpr (SWIGLU) {
+                if (p.out16) continue;  // below
+                dst[i] = p.out + r * p.ldo + col;
+            } else if constexpr (EPI == gemm_epilogue::rows) {
+                dst[i] = p.out + r * p.ldo + col;
+            } else {
+                int sg = 0;
+                while (sg + 1 < p.n_seg && col >= p.seg[sg + 1].row0) sg++;
+                dst[i] = p.seg[sg].out + r * p.seg[sg].ld + (col - p.seg[sg].row0);
+                // the chunk's last column in the same segment
+                if (sg + 1 < p.n_seg && col + 3 >= p.seg[sg + 1].row0) continue;
+            }
+            vec[i] = col + 4 <= p.N && (reinterpret_cast<uintptr_t>(dst[i]) & 15) == 0;
+            if (EPI == gemm_epilogue::store && p.accumulate && vec[i]) old[i] = *reinterpret_cast<const float4*>(dst[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            const int idx = base + i * k_threads, m = idx / CPR, c = idx % CPR;
+            if (idx >= rows * CPR) continue;
+            const int64_t r = row0 + m, col = col0 + 4 * c;
+            if (SWIGLU && p.out16) {
+                uint16_t* o = p.out16 + r * p.ldo + col;
+                const float y[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+                if (col + 4 <= p.N && (reinterpret_cast<uintptr_t>(o) & 7) == 0) {
+                    *reinterpret_cast<uint2*>(o) = make_uint2(pack_f16(y[0] * p.out16_scale, y[1] * p.out16_scale),
+                                                              pack_f16(y[2] * p.out16_scale, y[3] * p.out16_scale));
+                } else {
+                    for (int q = 0; q < 4 && col + q < p.N; q++) store_swiglu_value(p, r, col + q, y[q]);
+                }
+            } else if (vec[i]) {
+                float4 w = v[i];
+                if (EPI == gemm_epilogue::store && p.accumulate) w.x += old[i].x, w.y += old[i].y, w.z += old[i].z, w.w += old[i].w;
+                *reinterpret_cast<float4*>(dst[i]) = w;
+            } else {
+                const float y[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+                for (int q = 0; q < 4; q++) {
+                    if constexpr (SWIGLU) {
+                        if (col + q < p.N) store_swiglu_value(p, r, col + q, y[q]);
+                    } else {
+                        store_value<EPI>(p, r, col + q, y[q]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <gemm_epilogue EPI, int NT>
+__global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_kernel(const gemm_params p, const int gshift) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = wg_layout<NT>;
+    constexpr int STAGES = L::STAGES, PREFETCH = L::PREFETCH;
+    constexpr int X_CHUNKS = NT * (BK / 8) / k_threads;  // 16-byte chunks of X per thread and k-tile
+    static_assert(L::WROWS * 2 == k_threads, "one W chunk and one (scale, bias) word per thread and k-tile");
     extern __shared__ __align__(16) unsigned char smem_dyn[];
     unsigned char* smem = smem_dyn + ((1024 - (smem_addr(smem_dyn) & 1023)) & 1023);
-    uint16_t* deq = reinterpret_cast<uint16_t*>(smem + STAGES * L::STAGE);  // [2][BN][BK] swizzled
+    const uint32_t sbase = smem_addr(smem);
+    const uint64_t desc0 = sw128_desc(sbase);  // the start field (address >> 4) of stage 0's X; stages add to it
     int expert, row0, rows;
-    if (!tile_rows<BMT>(p, expert, row0, rows)) return;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    if (!tile_rows<NT>(p, expert, row0, rows)) return;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int nk = (int)(p.W.cols / BK);
 
-    // copy roles. A: rows tid/8 + 32 i, 16-byte chunk tid % 8 of each k-tile's 64 fp16
-    const uint16_t* asrc[A_CHUNKS];
-    a_sources(p, row0, rows, tid, asrc);
-    // W: tile column c = tid / 2, half h = tid % 2 of its k-tile (16 bytes = 32 weights, one (scale, bias) word)
-    const int c = tid / 2, half = tid % 2;
+    // copy roles, as (source at k-tile 0, bytes: 16 or 0 for a zero fill, offset in the stage). X: rows tid/8 + 32 i,
+    // 16-byte chunk tid % 8; W: row tid / 2, chunk tid % 2, and its (scale, bias) word of k-tile half tid % 2. Sources
+    // of missing rows stay valid addresses (row 0, the expert's first W row) with nothing read.
+    const unsigned char* xsrc[X_CHUNKS];
+    uint32_t xbytes[X_CHUNKS], xdst[X_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < X_CHUNKS; i++) {
+        const int r = tid / 8 + 32 * i;
+        xsrc[i] = reinterpret_cast<const unsigned char*>(p.x16 + (r < rows ? a_row(p, row0 + r) * p.ldx16 : 0) + (tid % 8) * 8);
+        xbytes[i] = r < rows ? 16 : 0;
+        xdst[i] = 2 * sw128(r, tid % 8);
+    }
+    const int wr = tid / 2, half = tid % 2;
     int64_t wrow;
     bool wok;
-    const dmat& W = w_of_column<EPI>(p, c, expert, wrow, wok);
+    const dmat& W = w_row_of<EPI>(p, wr, expert, wrow, wok);
     const unsigned char* wsrc = reinterpret_cast<const unsigned char*>(W.w + wrow * W.row_words()) + half * 16;
     const uint32_t* sbsrc = W.sb + wrow * W.n_groups();
-    const int group = p.W.group;
+    const uint32_t wbytes = wok ? 16 : 0, sbbytes = wok ? 4 : 0;
+    const uint32_t wdst = L::X_BYTES + wr * (BK / 2) + 16 * (half ^ ((wr >> 2) & 1));
+    const uint32_t sbdst = L::X_BYTES + L::W_BYTES + 4 * tid;
 
-    auto issue = [&](int kt) {  // k-tile kt into ring stage kt % STAGES (one commit group)
-        unsigned char* st = smem + (kt % STAGES) * L::STAGE;
-        uint16_t* sa = reinterpret_cast<uint16_t*>(st);
+    auto issue = [&](int kt) {  // k-tile kt into ring stage kt % STAGES
+        const uint32_t st = sbase + (uint32_t)(kt % STAGES) * L::STAGE;
 #pragma unroll
-        for (int i = 0; i < A_CHUNKS; i++)
-            cp_async16_zfill(sa + sw128(tid / 8 + 32 * i, tid % 8), asrc[i] ? asrc[i] + kt * BK : p.x16, asrc[i] != nullptr);
-        cp_async16_zfill(st + L::A_BYTES + tid * 16, wok ? wsrc + (size_t)kt * L::RAW_BYTES : (const unsigned char*)p.W.w, wok);
-        uint32_t* ssb = reinterpret_cast<uint32_t*>(st + L::A_BYTES + L::W_BYTES);
-        cp_async4_zfill(ssb + tid, wok ? sbsrc + (kt * BK + half * 32) / group : p.W.sb, wok);
+        for (int i = 0; i < X_CHUNKS; i++) cp_async16_zfill(st + xdst[i], xsrc[i] + kt * (BK * 2), xbytes[i]);
+        cp_async16_zfill(st + wdst, wsrc + kt * (BK / 2), wbytes);
+        cp_async4_zfill(st + sbdst, sbsrc + ((kt * BK + half * 32) >> gshift), sbbytes);
     };
-    auto dequant = [&](int kt) {  // this thread's 32 weights of k-tile kt into deq[kt & 1]
+    const int r0 = 16 * warp + lane / 4;
+    const uint32_t sel = (uint32_t)(lane % 4) * 0x101u;  // byte lane%4 into bytes 0 and 2
+    auto fragments = [&](uint32_t(&a)[4][4], int kt) {
         const unsigned char* st = smem + (kt % STAGES) * L::STAGE;
-        const uint4 rw[1] = {*reinterpret_cast<const uint4*>(st + L::A_BYTES + tid * 16)};
-        const uint32_t sb = reinterpret_cast<const uint32_t*>(st + L::A_BYTES + L::W_BYTES)[tid];
-        float v[32];
-        dequant32<dfmt::q4>(v, rw, sb);
-        uint16_t* d = deq + (kt & 1) * BN * BK;
-#pragma unroll
-        for (int j = 0; j < 4; j++) *reinterpret_cast<uint4*>(d + sw128(c, 4 * half + j)) = pack_f16x8(v + 8 * j);
+        a_fragments(a, st + L::X_BYTES, reinterpret_cast<const uint32_t*>(st + L::X_BYTES + L::W_BYTES), r0, sel, gshift == 5);
     };
 
-    ring_start<STAGES>(nk, issue, dequant);
-
-    const uint32_t a_off = wg * 64 * BK * 2;  // this warpgroup's A rows in the tile (bytes)
-    float acc[NACC];
 #pragma unroll
-    for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
-    for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait<STAGES - 3>();  // k-tiles <= kt + 1 have landed (this thread's copies)
-        fence_proxy_async();          // ... and they and deq[kt & 1] are visible to wgmma
-        __syncthreads();              // everyone's; k-tile kt-1's stage and deq[(kt+1) & 1] are free
-        if (kt + STAGES - 1 < nk) issue(kt + STAGES - 1);
+    for (int s = 0; s < PREFETCH; s++) {
+        if (s < nk) issue(s);
+        cp_async_commit();  // (possibly empty: one group per k-tile)
+    }
+    cp_async_wait<PREFETCH - 1>();  // k-tile 0
+    __syncthreads();
+    uint32_t a0[4][4], a1[4][4];
+    fragments(a0, 0);
+
+    float acc[NT / 2];
+#pragma unroll
+    for (int i = 0; i < NT / 2; i++) acc[i] = 0.0f;
+    // k-tile kt: its fragments were made in step kt-1; its wgmma group runs while k-tile kt+1's are made (after
+    // the group of kt-1 has finished with the registers they reuse)
+    auto step = [&](int kt, uint32_t(&cur)[4][4], uint32_t(&next)[4][4]) {
+        cp_async_wait<PREFETCH - 2>();  // k-tiles <= kt + 1 have landed (this thread's copies)
+        fence_proxy_async();            // ... visible to wgmma
+        __syncthreads();                // everyone's; the groups of k-tiles <= kt-2 are done: their stage is free
+        if (kt + PREFETCH < nk) issue(kt + PREFETCH);
         cp_async_commit();
-        const uint32_t sa = smem_addr(smem + (kt % STAGES) * L::STAGE) + a_off;
-        const uint32_t sb = smem_addr(deq + (kt & 1) * BN * BK);
+        const uint64_t dx = desc0 + ((kt % STAGES) * L::STAGE >> 4);  // X of stage kt % STAGES
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) wgmma_m64n128k16(acc, sw128_desc(sa + 32 * kk), sw128_desc(sb + 32 * kk));
+        for (int s = 0; s < BK / 16; s++) wgmma_rs(acc, cur[s], dx + 2 * s);  // + 32 bytes per k16
         wgmma_commit();
-        if (kt + 1 < nk) dequant(kt + 1);  // on the CUDA cores while the tensor cores work
-        wgmma_wait_all();
+        wgmma_wait<1>();  // k-tile kt-1's group: `next` is free
         fence_acc(acc);
+        if (kt + 1 < nk) fragments(next, kt + 1);
+    };
+    for (int kt = 0; kt < nk; kt += 2) {
+        step(kt, a0, a1);
+        if (kt + 1 < nk) step(kt + 1, a1, a0);
     }
-    // accumulator i: n8 block i / 4, row +8 for (i / 2) odd, column +1 for i odd (the mma.sync C layout per warp)
-    const int m0 = 64 * wg + 16 * (warp % 4) + lane / 4, n0 = 2 * (lane % 4);
-    const float inv_scale = 1.0f / p.a_scale;  // a power of two: exact
-#pragma unroll
-    for (int j = 0; j < NACC / 4; j++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            store_pair<EPI>(p, row0, rows, m0 + 8 * h, n0 + 8 * j, acc[4 * j + 2 * h] * inv_scale,
-                            acc[4 * j + 2 * h + 1] * inv_scale);
+    wgmma_wait<0>();
+    fence_acc(acc);
+
+    cp_async_wait<0>();
+    __syncthreads();  // the ring is free: every warp's last fragments are made, no copy is in flight
+    tile_out<EPI, NT>(p, acc, reinterpret_cast<float*>(smem), row0, rows, r0);
 #endif
+}
+
+template <gemm_epilogue EPI, int NT>
+void launch(const gemm_params& p, cudaStream_t stream) {
+    constexpr size_t smem = wg_layout<NT>::SMEM;
+    allow_dynamic_smem<gemm_wgmma_kernel<EPI, NT>>(smem);
+    const int64_t cols = EPI == gemm_epilogue::swiglu ? 64 : 128;
+    const dim3 grid((unsigned)((p.N + cols - 1) / cols), (unsigned)(p.tiles ? p.max_tiles : (p.M + NT - 1) / NT));
+    int gshift = 0;
+    while ((1 << gshift) < p.W.group) gshift++;
+    gemm_wgmma_kernel<EPI, NT><<<grid, k_threads, smem, stream>>>(p, gshift);
+    CUDA_CHECK_LAUNCH();
 }
 
 template <gemm_epilogue EPI>
 void launch(const gemm_params& p, cudaStream_t stream) {
-    constexpr size_t smem = wg_layout::SMEM;
-    constexpr int BMT = wg_layout::BMT;
-    allow_dynamic_smem<gemm_wgmma_kernel<EPI>>(smem);
-    const int64_t cols = EPI == gemm_epilogue::swiglu ? BN / 2 : BN;
-    const dim3 grid((unsigned)((p.N + cols - 1) / cols), (unsigned)(p.tiles ? p.max_tiles : (p.M + BMT - 1) / BMT));
-    gemm_wgmma_kernel<EPI><<<grid, k_threads, smem, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
+    const int nt = p.tiles ? p.tile_bm : p.M >= k_gemm_wide_min_rows ? k_gemm_wgmma_dense_tokens : 64;
+    if (nt == 256)
+        launch<EPI, 256>(p, stream);
+    else if (nt == 128)
+        launch<EPI, 128>(p, stream);
+    else
+        launch<EPI, 64>(p, stream);
 }
 
 }  // namespace
@@ -182,14 +388,14 @@ bool gemm_wgmma_device() {
         if (cudaGetDevice(&dev) != cudaSuccess) return false;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        return major == 9 && minor == 0 && max_dynamic_smem() >= wg_layout::SMEM;
+        return major == 9 && minor == 0 && max_dynamic_smem() >= std::max({wg_layout<64>::SMEM, wg_layout<128>::SMEM, wg_layout<256>::SMEM});
     }();
     return ok;
 }
 
 void gemm_wgmma(const gemm_params& p, cudaStream_t stream) {
-    TANSY_CHECK(p.W.fmt == dfmt::q4 && !p.precise && p.W.group % 32 == 0 && (!p.tiles || p.tile_bm == wg_layout::BMT),
-                "gemm_wgmma: 4-bit fast mode with %d-row tiles only", wg_layout::BMT);
+    TANSY_CHECK(p.W.fmt == dfmt::q4 && !p.precise && gemm_wgmma_supports(p.W.group) && (!p.tiles || p.tile_bm == 64 || p.tile_bm == 128),
+                "gemm_wgmma: 4-bit fast mode, groups of a power of two >= 32, tiles of 64 or 128 rows");
     switch (p.epi) {
         case gemm_epilogue::store: return launch<gemm_epilogue::store>(p, stream);
         case gemm_epilogue::rows: return launch<gemm_epilogue::rows>(p, stream);
