@@ -76,11 +76,11 @@ if [ "$what" = profile ]; then
   python3 scripts/ncu_summary.py "$OUT/ncu.csv" ${NCU_SUMMARY_ARGS:-} | tee "$OUT/ncu-summary.txt"
 fi
 if [ "$what" = profile-prefill ]; then
-  # per-kernel time of one prefill of ${PROFILE_PROMPT:-2048} tokens (the warm-up and the timed run: halve the totals)
+  # per-kernel time of one prefill of ${PROFILE_PROMPT:-2048} tokens (all its chunks; the warm-up run is left out)
   ncu --clock-control none --metrics gpu__time_duration.sum --csv -k regex:'^(?!.*synth)' \
     build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json \
     --contexts none --batches none --prompts ${PROFILE_PROMPT:-2048} --runs 1 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
-  python3 scripts/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt"
+  python3 scripts/ncu_summary.py "$OUT/ncu.csv" --prefill | tee "$OUT/ncu-summary.txt"
 fi
 if [ "$what" = detail ]; then
   # Nsight Compute sections for one launch of each decode kernel named in $KERNELS (regex), plus their SASS
