@@ -36,7 +36,7 @@ void conv1d_silu(float* y, const float* x, float* state, const float* w, int64_t
 //   4. S <- S + k delta^T      5. o = S^T q  (with the updated state)
 void delta_rule_recurrent(const delta_args& a) {
     const int64_t group = a.Hv / a.Hk, dk = a.dk, dv = a.dv;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic)
     for (int64_t h = 0; h < a.Hv; h++) {
         float* S = a.S + h * dk * dv;
         std::vector<float> u((size_t)dv), d((size_t)dv);
@@ -77,7 +77,7 @@ void delta_rule_recurrent(const delta_args& a) {
 // A partial last chunk simply has n < C rows (zero padding would leave the state unchanged).
 void delta_rule_chunked(const delta_args& a, int64_t chunk) {
     const int64_t group = a.Hv / a.Hk, dk = a.dk, dv = a.dv;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic)
     for (int64_t h = 0; h < a.Hv; h++) {
         float* S = a.S + h * dk * dv;
         const int64_t C = chunk;

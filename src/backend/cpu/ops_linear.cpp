@@ -28,7 +28,7 @@ void matmul(float* out, const float* in, int64_t T, const matrix& W) {
 #pragma omp parallel if (N * K * T > (1 << 16))
     {
         std::vector<float> wbuf((size_t)(ROWS * K));
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
         for (int64_t blk = 0; blk < n_blocks; blk++) {
             const int64_t n0 = blk * ROWS, nb = std::min(ROWS, N - n0);
             for (int64_t r = 0; r < nb; r++) W.row_f32(n0 + r, wbuf.data() + r * K);
