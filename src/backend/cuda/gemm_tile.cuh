@@ -107,6 +107,13 @@ __device__ __forceinline__ void ring_start(int nk, Issue&& issue, Dequant&& dequ
     dequant(0);
 }
 
+// The store epilogue's output segment holding output column col.
+__device__ __forceinline__ int segment_of(const gemm_params& p, int64_t col) {
+    int s = 0;
+    while (s + 1 < p.n_seg && col >= p.seg[s + 1].row0) s++;
+    return s;
+}
+
 // One value out (store / rows epilogues): A row r (global), output column col, already divided by the fast
 // mode's a_scale.
 template <gemm_epilogue EPI>
@@ -115,8 +122,7 @@ __device__ __forceinline__ void store_value(const gemm_params& p, int64_t r, int
     if constexpr (EPI == gemm_epilogue::rows) {
         p.out[r * p.ldo + col] = v;
     } else {
-        int s = 0;
-        while (s + 1 < p.n_seg && col >= p.seg[s + 1].row0) s++;
+        const int s = segment_of(p, col);
         float* o = p.seg[s].out + r * p.seg[s].ld + (col - p.seg[s].row0);
         *o = p.accumulate ? *o + v : v;
     }

@@ -221,8 +221,7 @@ __device__ __forceinline__ void tile_out(const gemm_params& p, const float (&acc
             } else if constexpr (EPI == gemm_epilogue::rows) {
                 dst[i] = p.out + r * p.ldo + col;
             } else {
-                int sg = 0;
-                while (sg + 1 < p.n_seg && col >= p.seg[sg + 1].row0) sg++;
+                const int sg = segment_of(p, col);
                 dst[i] = p.seg[sg].out + r * p.seg[sg].ld + (col - p.seg[sg].row0);
                 // the chunk's last column in the same segment
                 if (sg + 1 < p.n_seg && col + 3 >= p.seg[sg + 1].row0) continue;
