@@ -505,12 +505,7 @@ int attention_splits(int rows, int kv_heads) {
     // note: at most 64 for one row: 256 for long contexts measured slower (more partials to write and fold, no
     // gain in streaming; docs/PERF.md)
     constexpr int k_most = 64;
-    static const int sms = [] {
-        int n = 0, dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-        return n;
-    }();
+    const int sms = sm_count();
     return std::clamp(sms / std::max(1, rows * kv_heads), 1, k_most);
 }
 void force_attention_splits(int n) {

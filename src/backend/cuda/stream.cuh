@@ -109,16 +109,6 @@ inline size_t warp_ring_smem(int64_t stage_bytes, int slots, int64_t slot_bytes)
 // shared memory (the norm prologue's 2 KB and a few words).
 inline size_t stream_smem_limit() { return max_dynamic_smem() - 4096; }
 
-inline int sm_count() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-        return v;
-    }();
-    return n;
-}
-
 // A block's ring holds up to ~120 KB: the whole share of a 14 MB projection per SM (132 SMs), so that every
 // byte of a typical decode kernel is requested at once. note: with that ring and 16 warps of <= 128 registers
 // a block fills its SM (registers, and shared memory for a second block), so the next kernel's blocks are
