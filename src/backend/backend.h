@@ -258,6 +258,7 @@ struct kernel_options {
     int dense_rows = -1;    // > 0: the most rows of one dense decode-kernel group (16 .. 32)
     int moe_small_gate_up_items = -1, moe_small_down_items = -1;  // > 0: the small-M MoE kernels' items per warp
     int recur = -1;         // >= 0: DeltaNet decode state in registers (0) or staged in shared memory (1)
+    int gemm_split = -1;    // >= 0: the most K slices of a dense GEMM that leaves most SMs idle (0 or 1: never)
 };
 
 struct backend_options {

@@ -117,36 +117,73 @@ TEST_P(cuda_gemm, dense_store_matches_cpu_twin) {
         y0b.insert(y0b.end(), y0.begin() + t * g.N + split, y0.begin() + (t + 1) * g.N);
     }
     const cuda::device_buffer dx16 = fp16_of(dx, g.M, g.K);
+    std::vector<float> want[2];  // [round]: operands fp16-rounded as the fast kernels' (1) or fp32 (0)
+    for (bool round : {true, false}) {
+        want[round] = reference(W, x, g.M, 0, g.N, round);
+        if (g.accumulate)
+            for (size_t i = 0; i < want[round].size(); i++) want[round][i] += y0[i];
+    }
     for (bool wg : test::gemm_wgmma_modes()) {
         test::gemm_wgmma_scope kernel(wg);
         SCOPED_TRACE(test::gemm_kernel_name(wg));
-        for (bool precise : {false, true}) {
-            auto da = to_device(y0a), db = to_device(y0b);
-            cuda::gemm_params p;
-            p.precise = precise;
-            p.W = W.d, p.N = g.N, p.x = (const float*)dx.get(), p.ldx = g.K, p.M = g.M;
-            p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = g.K;
-            p.seg[0] = {(float*)da.get(), split, 0};
-            p.seg[1] = {(float*)db.get(), g.N - split, split};
-            p.n_seg = 2, p.accumulate = g.accumulate;
-            cuda::gemm(p, 0);
-            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-            auto ga = from_device<float>(da, y0a.size()), gb = from_device<float>(db, y0b.size());
-            std::vector<float> got;
-            for (int64_t t = 0; t < g.M; t++) {
-                got.insert(got.end(), ga.begin() + t * split, ga.begin() + (t + 1) * split);
-                got.insert(got.end(), gb.begin() + t * (g.N - split), gb.begin() + (t + 1) * (g.N - split));
+        for (bool precise : {false, true})
+            // K unsplit, in 3 slices (uneven past 3 k-tiles; the kernels that split: precise and wgmma) and as the
+            // device's plan chooses
+            for (int split_k : {1, 3, 0}) {
+                auto da = to_device(y0a), db = to_device(y0b);
+                cuda::gemm_params p;
+                p.precise = precise;
+                p.W = W.d, p.N = g.N, p.x = (const float*)dx.get(), p.ldx = g.K, p.M = g.M;
+                p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = g.K;
+                p.seg[0] = {(float*)da.get(), split, 0};
+                p.seg[1] = {(float*)db.get(), g.N - split, split};
+                p.n_seg = 2, p.accumulate = g.accumulate;
+                p.split_k = split_k;
+                const size_t ws_floats = cuda::gemm_split_floats(p);
+                if (split_k != 1 && ws_floats == 0) continue;  // no split for this kernel and shape
+                cuda::device_buffer ws(std::max<size_t>(ws_floats, 1) * sizeof(float));
+                p.split_ws = ws_floats ? (float*)ws.get() : nullptr;
+                SCOPED_TRACE("K slices " + std::to_string(cuda::gemm_split_slices(p)));
+                cuda::gemm(p, 0);
+                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                auto ga = from_device<float>(da, y0a.size()), gb = from_device<float>(db, y0b.size());
+                std::vector<float> got;
+                for (int64_t t = 0; t < g.M; t++) {
+                    got.insert(got.end(), ga.begin() + t * split, ga.begin() + (t + 1) * split);
+                    got.insert(got.end(), gb.begin() + t * (g.N - split), gb.begin() + (t + 1) * (g.N - split));
+                }
+                for (bool round : {true, false}) {
+                    if (precise && round) continue;
+                    const double tol = precise ? TOL_GEMM_PRECISE : round ? TOL_GEMM_EMULATED : TOL_GEMM_FP32;
+                    EXPECT_LT(test::rel_error(got, want[round]), tol) << (precise ? "precise" : round ? "fp16-emulated" : "fp32");
+                }
             }
-            for (bool round : {true, false}) {
-                if (precise && round) continue;
-                auto want = reference(W, x, g.M, 0, g.N, round);
-                if (g.accumulate)
-                    for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
-                const double tol = precise ? TOL_GEMM_PRECISE : round ? TOL_GEMM_EMULATED : TOL_GEMM_FP32;
-                EXPECT_LT(test::rel_error(got, want), tol) << (precise ? "precise" : round ? "fp16-emulated" : "fp32");
-            }
-        }
     }
+}
+
+// The K split's choice: the calls whose CTAs leave most SMs idle split (a decode batch's output projection on
+// wgmma, the router's precise GEMM), prompt-sized calls and grouped or non-store calls do not; a forced count is
+// capped at the k-tiles.
+TEST(cuda_gemm_split, slices_where_the_tiles_leave_sms_idle) {
+    TANSY_REQUIRE_GPU();
+    test_matrix out_proj(dfmt::q4, 2048, 4096, 5), router(dfmt::q8, 257, 2048, 6);
+    cuda::gemm_params p;
+    p.W = out_proj.d, p.N = 2048, p.M = 64, p.split_k = 0;
+    if (cuda::gemm_wgmma_enabled()) {
+        EXPECT_GT(cuda::gemm_split_slices(p), 1);
+        EXPECT_EQ(cuda::gemm_split_floats(p), (size_t)cuda::gemm_split_slices(p) * 64 * 2048);
+    }
+    p.M = 4096;
+    EXPECT_EQ(cuda::gemm_split_slices(p), 1);  // 8 x 16 CTAs of 256 tokens
+    p.W = router.d, p.N = 257, p.M = 64, p.precise = true;
+    EXPECT_GT(cuda::gemm_split_slices(p), 1);
+    p.split_k = 1;
+    EXPECT_EQ(cuda::gemm_split_slices(p), 1);
+    p.split_k = 64;
+    EXPECT_EQ(cuda::gemm_split_slices(p), 2048 / 64);
+    p.epi = cuda::gemm_epilogue::rows;
+    EXPECT_EQ(cuda::gemm_split_slices(p), 1);
+    EXPECT_EQ(cuda::gemm_split_floats(p), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(shapes, cuda_gemm,
@@ -159,7 +196,9 @@ INSTANTIATE_TEST_SUITE_P(shapes, cuda_gemm,
                                            // from k_gemm_wide_min_rows rows: 128-row tiles, partial last tile
                                            gemm_case{0, 1000, 1024, 600, false}, gemm_case{0, 257, 64, 517, true},
                                            gemm_case{0, 4160, 2048, 1000, true}, gemm_case{1, 257, 512, 517, true},
-                                           gemm_case{2, 130, 256, 530, false}));
+                                           gemm_case{2, 130, 256, 530, false},
+                                           // a decode batch's output projection and router: K split by the plan
+                                           gemm_case{0, 2048, 4096, 64, true}, gemm_case{0, 257, 2048, 48, false}));
 
 // Fast mode with activations past the fp16 range: a_scale 2^-4 keeps them exact to fp16 precision; without it
 // they saturate (finite, never inf or NaN).

@@ -30,6 +30,9 @@ TEST(kernel_plan, parses_kernel_options) {
     EXPECT_EQ(n.moe_groups, 64);
     EXPECT_EQ(cuda::parse_kernel_options("dense_groups=32;moe_groups=0", &n), "");
     EXPECT_EQ(n.dense_groups, 32);
+    EXPECT_EQ(cuda::parse_kernel_options("gemm_split=4", &n), "");
+    EXPECT_EQ(n.gemm_split, 4);
+    EXPECT_NE(cuda::parse_kernel_options("gemm_split=65", &n), "");
     EXPECT_EQ(n.moe_groups, 0);
     EXPECT_EQ(n.moe_small, -1);
     EXPECT_EQ(cuda::parse_kernel_options("moe_small=128", &n), "");
@@ -83,11 +86,15 @@ TEST(kernel_plan, describes_each_row_range) {
     const std::string s = cuda::make_kernel_plan(dev, nullptr, false, {}).describe("  ");
     for (const char* want :
          {"device     test device: compute capability 9.0, 132 SMs", "mma=gemvn int8=on wgmma=on", "1 row", "2-16 rows",
-          "97+ rows   dense: GEMM, 4-bit on wgmma", "from 512 rows 256-token tiles", "attention  spans < 16 rows",
+          "17+ rows   dense: GEMM, 4-bit on wgmma", "from 512 rows 256-token tiles", "attention  spans < 16 rows",
           "deltanet   spans <= 16 rows"})
         EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
     EXPECT_NE(s.find("\n  "), std::string::npos);  // continuation lines take the indent
     EXPECT_NE(s.find("17-96 rows  moe: the decode kernels"), std::string::npos) << s;  // the default
+    EXPECT_NE(s.find("gemm split dense GEMMs"), std::string::npos) << s;
+    kernel_options no_split;
+    no_split.gemm_split = 0;
+    EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, false, no_split).describe().find("gemm split off"), std::string::npos);
     kernel_options no_wgmma;
     no_wgmma.gemm_wgmma = 0;
     EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, false, no_wgmma).describe().find("from 512 rows 128-row tiles where they fit (mma.sync)"),

@@ -153,6 +153,7 @@ class cuda_backend final : public backend {
         ws_sample_.epoch = ws_logprob_.epoch = &epoch_;
         ws_tiles_.epoch = ws_y_.epoch = ws_gdn_work_.epoch = &epoch_;
         ws_a16_.epoch = ws_m16_.epoch = ws_h16_.epoch = &epoch_;
+        ws_split_.epoch = &epoch_;
         rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
         tap_ = device_buffer((size_t)(cfg.n_experts + 1) * k_tap_stride * 8);
         CUDA_CHECK(cudaMemset(tap_.get(), 0, tap_.size()));
@@ -648,7 +649,7 @@ class cuda_backend final : public backend {
     // the RMS norm nw into their prologue for T <= k_gemv_max_norm_rows) otherwise.
     void dense(const dmat& W, const float* x, int64_t ldx, int T, const float* nw, float eps, const gemv_segment* seg,
                int n_seg, bool accumulate, bool precise = false) {
-        if (!plan_.dense_in_groups(T) && use_gemm(T, {&W})) {
+        if (plan_.dense_gemm(T, precise || precise_gemm_) && use_gemm(T, {&W})) {
             TANSY_CHECK(nw == nullptr, "gemm: normalise the input first");
             gemm_params p;
             p.W = W, p.N = W.rows, p.x = x, p.ldx = ldx, p.M = T, p.precise = precise || precise_gemm_;
@@ -660,6 +661,8 @@ class cuda_backend final : public backend {
             p.epi = gemm_epilogue::store;
             for (int i = 0; i < n_seg; i++) p.seg[i] = seg[i];
             p.n_seg = n_seg, p.accumulate = accumulate;
+            p.split_k = 0;  // K slices where the tiles alone would leave most SMs idle
+            if (const size_t n = gemm_split_floats(p)) p.split_ws = ws_split_.ensure(n);
             gemm(p, stream_);
             return;
         }
@@ -851,6 +854,7 @@ class cuda_backend final : public backend {
     // fast-GEMM A operands as fp16: a dense call's input; the MoE's normalised input and SwiGLU outputs
     dev_array<uint16_t> ws_a16_, ws_m16_, ws_h16_;
     device_buffer tap_;  // tap_logits
+    dev_array<float> ws_split_;  // dense GEMMs' K-split partial products (main stream only)
     dev_array<float> ws_y_, ws_gdn_work_, ws_norm_, ws_q_, ws_part_o_, ws_part_ml_, ws_gdn_o_, ws_router_, ws_wt_, ws_sig_, ws_h_, ws_argmax_;
     dev_array<uint64_t> ws_sample_;   // the sampler's per-slice candidates (sample_scratch_words)
     dev_array<uint64_t> ws_logprob_;  // the log-prob rows' per-slice results (logprob_scratch_words)

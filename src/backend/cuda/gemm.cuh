@@ -61,6 +61,13 @@ struct gemm_params {
     // Fast mode: x16 holds A times this power of two (the results are divided by it), so activations up to
     // 65504 / a_scale fit in fp16; values beyond saturate.
     float a_scale = 1.0f;
+    // K split (dense store calls): the CTAs of slice z take k-tiles [z nk / S, (z+1) nk / S) and write their
+    // partial products to split_ws [S][M][N]; a second kernel sums the slices in order (the result does not depend
+    // on scheduling) and applies the store epilogue. 1: never; 0: as gemm_split_slices chooses for the device and
+    // the kernel plan (a call whose CTAs would leave most SMs idle: a decode batch's output projections, the
+    // router); N > 1: N slices. split_ws: gemm_split_floats(p) floats, used by one call at a time.
+    int split_k = 1;
+    float* split_ws = nullptr;
 };
 
 // dst [rows, cols] fp16 (row stride cols) = src [rows, cols] (row stride ld) * scale, saturating at +-65504: the
@@ -81,6 +88,11 @@ bool gemm_wide_tiles_fit(dfmt f);
 bool gemm_wgmma_available();
 bool gemm_wgmma_enabled();
 bool set_gemm_wgmma(bool on);
+
+// The K slices gemm() takes for p (1: no split): dense store calls on the precise kernel or the wgmma GEMM only.
+int gemm_split_slices(const gemm_params& p);
+// The workspace floats p.split_ws must hold for gemm(p) (0: none).
+size_t gemm_split_floats(const gemm_params& p);
 
 // CPU twin: cpu::matmul (W rows of expert e: rows [e*N, (e+1)*N)).
 void gemm(const gemm_params& p, cudaStream_t stream);

@@ -107,6 +107,18 @@ __device__ __forceinline__ void ring_start(int nk, Issue&& issue, Dequant&& dequ
     dequant(0);
 }
 
+// The k-tiles [kt0, kt1) of this CTA's K slice (blockIdx.z of gridDim.z; all nk without a split).
+__device__ __forceinline__ void k_slice(int nk, int& kt0, int& kt1) {
+    kt0 = (int)((int64_t)blockIdx.z * nk / gridDim.z);
+    kt1 = (int)((int64_t)(blockIdx.z + 1) * nk / gridDim.z);
+}
+
+// The rows epilogue's destination of A row r, column col: a K split's slice z writes rows z M .. z M + M - 1
+// (gemm_params::split_ws; blockIdx.z is 0 otherwise).
+__device__ __forceinline__ float* rows_out(const gemm_params& p, int64_t r, int64_t col) {
+    return p.out + ((int64_t)blockIdx.z * p.M + r) * p.ldo + col;
+}
+
 // The store epilogue's output segment holding output column col.
 __device__ __forceinline__ int segment_of(const gemm_params& p, int64_t col) {
     int s = 0;
@@ -120,7 +132,7 @@ template <gemm_epilogue EPI>
 __device__ __forceinline__ void store_value(const gemm_params& p, int64_t r, int64_t col, float v) {
     if (col >= p.N) return;
     if constexpr (EPI == gemm_epilogue::rows) {
-        p.out[r * p.ldo + col] = v;
+        *rows_out(p, r, col) = v;
     } else {
         const int s = segment_of(p, col);
         float* o = p.seg[s].out + r * p.seg[s].ld + (col - p.seg[s].row0);

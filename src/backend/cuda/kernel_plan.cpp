@@ -66,6 +66,7 @@ void apply(const kernel_options& o, kernel_plan& p) {
     if (o.dense_groups >= 0) p.dense_groups = o.dense_groups;
     if (o.moe_small >= 0) p.moe_small = o.moe_small;
     if (o.dense_rows > 0) p.dense_rows = o.dense_rows;
+    if (o.gemm_split >= 0) p.gemm_split = o.gemm_split;
     if (o.moe_small_gate_up_items > 0) p.moe_small_gate_up_items = o.moe_small_gate_up_items;
     if (o.moe_small_down_items > 0) p.moe_small_down_items = o.moe_small_down_items;
     if (o.recur >= 0) p.recur = o.recur;
@@ -74,7 +75,7 @@ void apply(const kernel_options& o, kernel_plan& p) {
 bool any(const kernel_options& o) {
     return o.mma_families >= 0 || o.int8_inputs >= 0 || o.gemm_wgmma >= 0 || o.moe_groups >= 0 ||
            o.dense_groups >= 0 || o.moe_small >= 0 || o.dense_rows > 0 || o.moe_small_gate_up_items > 0 ||
-           o.moe_small_down_items > 0 || o.recur >= 0;
+           o.moe_small_down_items > 0 || o.recur >= 0 || o.gemm_split >= 0;
 }
 
 // TANSY_KERNELS: the debug override, on top of whatever the options chose. A malformed value aborts (it is set by
@@ -102,7 +103,7 @@ kernel_plan& active() {
 
 }  // namespace
 
-const char* const k_keys = "mma, int8, wgmma, moe_groups, dense_groups, moe_small, dense_rows, moe_small_gu, moe_small_dn, recur";
+const char* const k_keys = "mma, int8, wgmma, moe_groups, dense_groups, moe_small, dense_rows, moe_small_gu, moe_small_dn, recur, gemm_split";
 
 std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
     for (size_t i = 0; i <= spec.size();) {
@@ -124,11 +125,16 @@ std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
             const int b = parse_on_off(val);
             if (b < 0) return key + " must be on or off, got '" + val + "'";
             (key == "int8" ? opt->int8_inputs : opt->gemm_wgmma) = b;
-        } else if (key == "moe_groups" || key == "dense_groups" || key == "moe_small") {
+        } else if (key == "moe_groups" || key == "dense_groups" || key == "moe_small" || key == "gemm_split") {
+            const bool split = key == "gemm_split";
+            const long hi = split ? 64 : 4096;
             char* end = nullptr;
             const long n = strtol(val.c_str(), &end, 10);
-            if (val.empty() || *end || n < 0 || n > 4096) return key + " takes a row count in 0..4096, got '" + val + "'";
-            (key == "moe_groups" ? opt->moe_groups : key == "dense_groups" ? opt->dense_groups : opt->moe_small) = (int)n;
+            if (val.empty() || *end || n < 0 || n > hi)
+                return key + " takes " + (split ? "a slice count" : "a row count") + " in 0.." + std::to_string(hi) + ", got '" + val + "'";
+            (key == "moe_groups" ? opt->moe_groups : key == "dense_groups" ? opt->dense_groups
+                                                   : split                 ? opt->gemm_split
+                                                                           : opt->moe_small) = (int)n;
         } else if (key == "dense_rows" || key == "moe_small_gu" || key == "moe_small_dn") {
             const bool rows = key == "dense_rows";
             const long lo = rows ? k_mma_max_tokens : 1, hi = rows ? k_mma_warp_max_tokens : 8;
@@ -174,9 +180,9 @@ std::string kernel_plan::describe(const char* indent) const {
         line("device     %s: compute capability %d.%d, %d SMs, %zu KB shared memory per block", dev.name.c_str(),
              dev.cc / 10, dev.cc % 10, dev.sms, dev.smem_optin / 1024);
     line("switches   mma=%s int8=%s wgmma=%s moe_groups=%d dense_groups=%d moe_small=%d dense_rows=%d moe_small_gu=%d "
-         "moe_small_dn=%d recur=%d (%s)%s",
+         "moe_small_dn=%d recur=%d gemm_split=%d (%s)%s",
          families_name(mma_families).c_str(), int8_inputs ? "on" : "off", gemm_wgmma ? "on" : "off", moe_groups,
-         dense_groups, moe_small, dense_rows, moe_small_gate_up_items, moe_small_down_items, recur, source.c_str(),
+         dense_groups, moe_small, dense_rows, moe_small_gate_up_items, moe_small_down_items, recur, gemm_split, source.c_str(),
          gemm_wgmma && !wgmma() ? "; wgmma: not in this build or not on this device" : "");
     line("mode       %s", precise ? "precise (--gemm precise): split-bf16 GEMM operands, fp32 decode inputs"
                                   : "fast: fp16 GEMM operands; decode inputs rounded to fp16 as the GEMMs' are");
@@ -210,6 +216,12 @@ std::string kernel_plan::describe(const char* indent) const {
     else
         line("%d+ rows   dense: GEMM (gemm.cu), 64-row tiles; from %d rows 128-row tiles where they fit%s",
              std::max(k_gemm_min_rows, dense_groups + 1), k_gemm_wide_min_rows, !fast ? " (fast mode only)" : " (mma.sync)");
+    if (gemm_split >= 2)
+        line("gemm split dense GEMMs (precise, or 4-bit on wgmma) whose CTAs leave half the SMs idle: K in up to %d "
+             "slices of >= %d k-tiles (precise: %d), summed in order by a second kernel",
+             gemm_split, k_gemm_split_min_ktiles, k_gemm_split_min_ktiles_precise);
+    else
+        line("gemm split off");
     const int small_from = moe_groups >= k_gemm_min_rows ? std::min(k_moe_small_min_rows, moe_groups + 1) : k_gemm_min_rows;
     if (fast && moe_small >= small_from)
         line("%d-%d rows moe: small-M grouped kernels (moe_grouped_mma.cu: tiles of <= %d expert-sorted rows, each "

@@ -51,14 +51,21 @@ constexpr int k_gdn_recur_max_rows = 16;
 // (recur_kernel: one round trip less, 4% faster at 4 rows).
 constexpr int k_recur_smem_min_spans = 8;
 
-// The default of kernel_plan::moe_groups and dense_groups: decode batches up to this many rows stay on the decode
-// kernels (in groups), larger ones go to the GEMMs.
+// The default of kernel_plan::moe_groups: decode batches up to this many rows stay on the decode kernels (in
+// groups), larger ones go to the GEMMs.
 constexpr int k_decode_groups_max_rows = 96;
 // The default of kernel_plan::moe_small: MoE blocks up to this many rows (fast mode) run moe_grouped_mma.cu.
 constexpr int k_moe_small_max_rows = 256;
 // Below this many rows the decode kernels in groups (where moe_groups takes the rows) measured faster than the
 // small-M grouped kernels (24 rows: two groups of 12), from it slower (docs/PERF.md: decode batches of 17-256).
 constexpr int k_moe_small_min_rows = 32;
+
+// Dense store GEMMs whose CTAs would leave at least half the SMs idle (a decode batch's output projections: 16
+// CTAs of 128 W rows; the router: 3) split K into slices of at least this many k-tiles (the precise kernel's
+// k-tiles cost ~3x: 2), as many as fill the SMs' CTA slots, at most kernel_plan::gemm_split, summed in order by a
+// second kernel (gemm_params::split_k).
+constexpr int k_gemm_split_min_ktiles = 8, k_gemm_split_min_ktiles_precise = 2;
+constexpr int k_gemm_split_max = 16;
 
 // ---- Kernel-family switches
 
@@ -87,11 +94,12 @@ struct kernel_plan {
     bool gemm_wgmma = true;   // fast-mode 4-bit GEMMs on wgmma (sm90/gemm_wgmma.cu) where built and on cc 9.0
     // MoE blocks of k_gemm_min_rows .. moe_groups rows (a decode batch of 17+ sequences) run the decode kernels in
     // even groups of at most k_mma_max_tokens rows instead of the grouped GEMMs (0: never): each group reads the
-    // experts its rows touch, where the GEMMs' 64-row tiles hold 2-8 rows per expert. Dense products of
-    // k_gemm_min_rows .. dense_groups rows likewise on the GEMV kernels. Both measured faster up to 96 rows on the
-    // H200, the GEMMs from 128 (docs/PERF.md: decode batches of 17-256).
+    // experts its rows touch, where the GEMMs' 64-row tiles hold 2-8 rows per expert (measured faster up to 96
+    // rows on the H200, the GEMMs from 128). Dense products of k_gemm_min_rows .. dense_groups rows likewise on the
+    // GEMV kernels (default 0: the wgmma GEMM with K split, which reads each weight once, measured 6-28% faster
+    // a step at 32-256 rows on the H100; docs/PERF.md: decode batches of 17-256).
     int moe_groups = k_decode_groups_max_rows;
-    int dense_groups = k_decode_groups_max_rows;
+    int dense_groups = 0;
     // MoE blocks of k_gemm_min_rows .. moe_small rows in fast mode run the small-M grouped kernels
     // (moe_grouped_mma.cu: tiles of <= 16 expert-sorted rows, each touched expert read once, the shared expert in
     // the same launches) where the weights suit them (moe_small_supports), before the grouped GEMMs and, from
@@ -100,6 +108,8 @@ struct kernel_plan {
     // A decode batch's dense products run in even groups of at most this many rows where gemv_mma_warp.cu takes
     // them (else k_mma_max_tokens): 16 .. k_mma_warp_max_tokens.
     int dense_rows = k_mma_warp_max_tokens;
+    // The most K slices of a dense store GEMM that leaves most SMs idle (0 or 1: never split).
+    int gemm_split = k_gemm_split_max;
     // The small-M MoE kernels' grid: items (16 weight rows x the whole K) per warp, which sets the slices of each
     // tile and so how often a tile's rows are staged (gate/up items are twice as long as down's).
     int moe_small_gate_up_items = 1, moe_small_down_items = 2;
@@ -113,6 +123,11 @@ struct kernel_plan {
     static bool use_gemm(int64_t rows) { return rows >= k_gemm_min_rows; }
     bool moe_in_groups(int64_t rows) const { return rows >= k_gemm_min_rows && rows <= moe_groups; }
     bool dense_in_groups(int64_t rows) const { return rows >= k_gemm_min_rows && rows <= dense_groups; }
+    // Whether a dense product of this many rows runs on the GEMMs: fp16 inputs past the groups; fp32 inputs (the
+    // router) from k_gemm_min_rows rows where K splits (the precise GEMM split over K), else past the groups too.
+    bool dense_gemm(int64_t rows, bool fp32_inputs) const {
+        return use_gemm(rows) && (!dense_in_groups(rows) || (fp32_inputs && gemm_split >= 2));
+    }
     bool moe_in_small(int64_t rows) const {
         return !precise && rows >= k_gemm_min_rows && rows <= moe_small &&
                (rows >= k_moe_small_min_rows || !moe_in_groups(rows));
@@ -150,6 +165,7 @@ bool set_gemm_wgmma_requested(bool on);
 //   dense_groups=N dense products of 17..N rows on the GEMV kernels in groups of <= 16 rows (0: GEMMs)
 //   moe_small=N    MoE blocks of 17..N rows (fast mode) on the small-M grouped MoE kernels (0: off)
 //   dense_rows=N   a decode batch's dense products in groups of at most N rows (16..32)
+//   gemm_split=N   the most K slices of a dense GEMM whose CTAs leave most SMs idle (0..64; 0 or 1: never)
 //   moe_small_gu=N, moe_small_dn=N   the small-M MoE kernels' items per warp, gate/up and down (1..8)
 //   recur=N        DeltaNet decode: 0 the state in registers, 1 staged in shared memory
 // Returns an empty string, or what is wrong with the spec.

@@ -219,7 +219,7 @@ __device__ __forceinline__ void tile_out(const gemm_params& p, const float (&acc
                 if (p.out16) continue;  // below
                 dst[i] = p.out + r * p.ldo + col;
             } else if constexpr (EPI == gemm_epilogue::rows) {
-                dst[i] = p.out + r * p.ldo + col;
+                dst[i] = rows_out(p, r, col);
             } else {
                 const int sg = segment_of(p, col);
                 dst[i] = p.seg[sg].out + r * p.seg[sg].ld + (col - p.seg[sg].row0);
@@ -275,7 +275,9 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
     int expert, row0, rows;
     if (!tile_rows<NT>(p, expert, row0, rows)) return;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int nk = (int)(p.W.cols / BK);
+    int kt0, kt1;  // this CTA's k-tiles (a K split's slice)
+    k_slice((int)(p.W.cols / BK), kt0, kt1);
+    const int nk = kt1 - kt0;
 
     // copy roles, as (source at k-tile 0, bytes: 16 or 0 for a zero fill, offset in the stage). X: rows tid/8 + 32 i,
     // 16-byte chunk tid % 8; W: row tid / 2, chunk tid % 2, and its (scale, bias) word of k-tile half tid % 2. Sources
@@ -299,12 +301,13 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
     const uint32_t wdst = L::X_BYTES + wr * (BK / 2) + 16 * (half ^ ((wr >> 2) & 1));
     const uint32_t sbdst = L::X_BYTES + L::W_BYTES + 4 * tid;
 
-    auto issue = [&](int kt) {  // k-tile kt into ring stage kt % STAGES
+    auto issue = [&](int kt) {  // the slice's k-tile kt (k-tile kt0 + kt of W) into ring stage kt % STAGES
         const uint32_t st = sbase + (uint32_t)(kt % STAGES) * L::STAGE;
+        const int kw = kt0 + kt;
 #pragma unroll
-        for (int i = 0; i < X_CHUNKS; i++) cp_async16_zfill(st + xdst[i], xsrc[i] + kt * (BK * 2), xbytes[i]);
-        cp_async16_zfill(st + wdst, wsrc + kt * (BK / 2), wbytes);
-        cp_async4_zfill(st + sbdst, sbsrc + ((kt * BK + half * 32) >> gshift), sbbytes);
+        for (int i = 0; i < X_CHUNKS; i++) cp_async16_zfill(st + xdst[i], xsrc[i] + kw * (BK * 2), xbytes[i]);
+        cp_async16_zfill(st + wdst, wsrc + kw * (BK / 2), wbytes);
+        cp_async4_zfill(st + sbdst, sbsrc + ((kw * BK + half * 32) >> gshift), sbbytes);
     };
     const int r0 = 16 * warp + lane / 4;
     const uint32_t sel = (uint32_t)(lane % 4) * 0x101u;  // byte lane%4 into bytes 0 and 2
@@ -361,7 +364,8 @@ void launch(const gemm_params& p, cudaStream_t stream) {
     constexpr size_t smem = wg_layout<NT>::SMEM;
     allow_dynamic_smem<gemm_wgmma_kernel<EPI, NT>>(smem);
     const int64_t cols = EPI == gemm_epilogue::swiglu ? 64 : 128;
-    const dim3 grid((unsigned)((p.N + cols - 1) / cols), (unsigned)(p.tiles ? p.max_tiles : (p.M + NT - 1) / NT));
+    const dim3 grid((unsigned)((p.N + cols - 1) / cols), (unsigned)(p.tiles ? p.max_tiles : (p.M + NT - 1) / NT),
+                    (unsigned)p.split_k);
     int gshift = 0;
     while ((1 << gshift) < p.W.group) gshift++;
     gemm_wgmma_kernel<EPI, NT><<<grid, k_threads, smem, stream>>>(p, gshift);
@@ -370,7 +374,8 @@ void launch(const gemm_params& p, cudaStream_t stream) {
 
 template <gemm_epilogue EPI>
 void launch(const gemm_params& p, cudaStream_t stream) {
-    const int nt = p.tiles ? p.tile_bm : p.M >= k_gemm_wide_min_rows ? k_gemm_wgmma_dense_tokens : 64;
+    const int nt = gemm_wgmma_tile_tokens(p);
+    static_assert(wg_layout<64>::CTAS == 2 && wg_layout<128>::CTAS == 1, "gemm_wgmma_ctas_per_sm");
     if (nt == 256)
         launch<EPI, 256>(p, stream);
     else if (nt == 128)
