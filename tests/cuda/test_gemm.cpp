@@ -8,6 +8,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <random>
+#include <tuple>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/gemm.cuh"
@@ -294,14 +295,15 @@ TEST(cuda_gemm_swiglu, dense_matches_cpu_twin) {
 // gate/up (SwiGLU, rows gathered per slot) and down (sorted rows), then the combine, vs the CPU per slot.
 TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
     TANSY_REQUIRE_GPU();
-    const int E = 16, k = 4;
+    const int E = 16;
     const int64_t D = 256, F = 128;
-    // T = 600: expert 3 gets ~500 rows, so the 128-row tiles have full and partial ones
+    // T = 600: expert 3 gets ~500 rows, so the 128-row tiles have full and partial ones; k = 10: the combine's
+    // rows in two rounds (8 in flight)
     for (bool wg : test::gemm_wgmma_modes()) {
         test::gemm_wgmma_scope kernel(wg);
         SCOPED_TRACE(test::gemm_kernel_name(wg));
-        for (auto [T, bm] : {std::pair{1, 64}, {37, 64}, {300, 64}, {300, 128}, {600, 128}}) {
-            SCOPED_TRACE("T=" + std::to_string(T) + " tiles of " + std::to_string(bm));
+        for (auto [T, bm, k] : {std::tuple{1, 64, 4}, {37, 64, 4}, {37, 64, 10}, {300, 64, 4}, {300, 128, 4}, {600, 128, 4}}) {
+            SCOPED_TRACE("T=" + std::to_string(T) + " tiles of " + std::to_string(bm) + " k=" + std::to_string(k));
             const std::vector<int32_t> idx = skewed_routing(T, E, k, 1000 + (uint32_t)T);
             auto wt = test::random_uniform((size_t)T * k, 5, 0.0f, 1.0f);
             auto sig = test::random_uniform((size_t)T, 6, 0.0f, 1.0f);

@@ -6,12 +6,12 @@
 #include <algorithm>
 
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/topk.cuh"
 
 namespace tansy::cuda {
 
 namespace {
 
-constexpr int k_max_experts = 512;
 constexpr int k_plan_threads = 1024;
 
 // shared_rows: T for the shared expert's tiles after the routed ones (expert E, sorted rows [T k, T k + T)), or 0.
