@@ -432,6 +432,7 @@ void gemm(const gemm_params& p, cudaStream_t stream) {
     TANSY_CHECK(p.tiles == nullptr || p.epi != gemm_epilogue::store, "gemm: grouped tiles need a rows/swiglu output");
     TANSY_CHECK(!p.tiles || p.tile_bm == BM || (p.tile_bm == 2 * BM && !p.precise),
                 "gemm: grouped tiles of %d rows (precise mode: %d)", p.tile_bm, BM);
+    TANSY_CHECK(p.split_k >= 0, "gemm: split_k %d (0: the plan's choice, 1: none, N > 1: N slices)", p.split_k);
     if (p.tiles ? p.max_tiles == 0 : p.M == 0) return;
     gemm_params q = p;
     q.split_k = gemm_split_slices(p);
