@@ -517,7 +517,7 @@ TEST(cuda_gemm_ops, tiny_shapes) {
         for (bool wg : test::gemm_wgmma_modes()) {
             if (precise && wg) continue;  // precise mode has one kernel
             auto p = test::make_pair(test::tiny_config(), precise);
-            test::gemm_wgmma_scope kernel(wg);  // after the backend: making one sets the active kernel plan
+            test::gemm_wgmma_scope kernel(wg);
             SCOPED_TRACE(test::gemm_kernel_name(wg));
             check_many_rows(*p, precise, {16, 77, 300, 600});
         }
@@ -529,7 +529,7 @@ TEST(cuda_gemm_ops, real_shapes) {
         for (bool wg : test::gemm_wgmma_modes()) {
             if (precise && wg) continue;  // precise mode has one kernel
             auto p = test::make_pair(test::real_config(), precise);
-            test::gemm_wgmma_scope kernel(wg);  // after the backend: making one sets the active kernel plan
+            test::gemm_wgmma_scope kernel(wg);
             SCOPED_TRACE(test::gemm_kernel_name(wg));
             if (precise)
                 check_many_rows(*p, precise, {16, 77, 300});

@@ -162,16 +162,48 @@ TEST(kernel_plan, moe_small_rows) {
     EXPECT_NE(p64.describe().find("17-64 rows moe: small-M"), std::string::npos) << p64.describe();
 }
 
-TEST(kernel_plan, test_setters_return_the_previous_value) {
-    const unsigned f = cuda::set_decode_mma_families(cuda::mma_all);
-    EXPECT_EQ(cuda::decode_mma_families(), (unsigned)cuda::mma_all);
-    EXPECT_EQ(cuda::set_decode_mma_families(f), (unsigned)cuda::mma_all);
-    const bool i = cuda::set_decode_int8_inputs(false);
+// Each backend points the launchers at its own plan (fast and precise engines share a test process); a forced
+// form holds over every plan until it is restored, and a released plan leaves the defaults active.
+TEST(kernel_plan, launchers_read_the_calling_backends_plan_and_forced_forms) {
+    kernel_options ob;
+    ob.int8_inputs = 0, ob.recur = 1, ob.mma_families = (int)cuda::mma_all;
+    const cuda::kernel_plan a = cuda::make_kernel_plan({}, nullptr, false, {}),
+                            b = cuda::make_kernel_plan({}, nullptr, false, ob);
+    ASSERT_TRUE(a.int8_inputs);
+    ASSERT_NE(a.mma_families, (unsigned)cuda::mma_all);
+    const cuda::kernel_plan* defaults = &cuda::active_kernel_plan();
+    cuda::use_kernel_plan(&b);
+    EXPECT_EQ(&cuda::active_kernel_plan(), &b);
     EXPECT_FALSE(cuda::decode_int8_inputs());
-    EXPECT_FALSE(cuda::set_decode_int8_inputs(i));
-    EXPECT_EQ(cuda::decode_int8_inputs(), i);
-    const int r = cuda::set_deltanet_recur(1);
-    EXPECT_EQ(cuda::set_deltanet_recur(r), 1);
+    EXPECT_TRUE(cuda::deltanet_recur_smem(1));
+    EXPECT_EQ(cuda::decode_mma_families(), (unsigned)cuda::mma_all);
+    cuda::use_kernel_plan(&a);
+    EXPECT_TRUE(cuda::decode_int8_inputs());
+    EXPECT_FALSE(cuda::deltanet_recur_smem(1));
+    EXPECT_EQ(cuda::decode_mma_families(), a.mma_families);
+
+    EXPECT_EQ(cuda::force_int8_inputs(false), std::nullopt);
+    EXPECT_EQ(cuda::force_deltanet_recur(0), std::nullopt);
+    EXPECT_EQ(cuda::force_mma_families(~0u), std::nullopt);
+    for (const cuda::kernel_plan* p : {&a, &b}) {
+        cuda::use_kernel_plan(p);
+        EXPECT_FALSE(cuda::decode_int8_inputs());
+        EXPECT_FALSE(cuda::deltanet_recur_smem(256));
+        EXPECT_EQ(cuda::decode_mma_families(), (unsigned)cuda::mma_all) << "forced families are masked";
+    }
+    EXPECT_EQ(cuda::force_int8_inputs(std::nullopt), std::optional<bool>(false));
+    EXPECT_EQ(cuda::force_deltanet_recur(std::nullopt), std::optional<int>(0));
+    EXPECT_EQ(cuda::force_mma_families(std::nullopt), std::optional<unsigned>(cuda::mma_all));
+    EXPECT_FALSE(cuda::decode_int8_inputs()) << "b's own again";
+    EXPECT_TRUE(cuda::deltanet_recur_smem(1));
+
+    cuda::release_kernel_plan(&a);  // not active: nothing changes
+    EXPECT_EQ(&cuda::active_kernel_plan(), &b);
+    cuda::release_kernel_plan(&b);
+    EXPECT_EQ(&cuda::active_kernel_plan(), defaults);
+    cuda::use_kernel_plan(&a);
+    cuda::use_kernel_plan(nullptr);
+    EXPECT_EQ(&cuda::active_kernel_plan(), defaults);
 }
 
 // recur: the DeltaNet decode state in registers for small batches, staged in shared memory from

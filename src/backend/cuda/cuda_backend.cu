@@ -162,6 +162,7 @@ class cuda_backend final : public backend {
         inv_freq_.upload(inv.data(), inv.size() * sizeof(double));
     }
     ~cuda_backend() override {
+        release_kernel_plan(&plan_);
         for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
         for (cudaEvent_t e : fences_) cudaEventDestroy(e);
         cudaEventDestroy(ev_fork_);
@@ -177,13 +178,14 @@ class cuda_backend final : public backend {
     void set_synthetic(uint64_t seed, float router_skew) { synth_seed_ = seed, synth_skew_ = router_skew; }
     void set_precise_gemm(bool on) { precise_gemm_ = on; }
     void set_kv_fp8(bool on) { sh_.kv8 = on; }  // before the first new_state
-    // Decides the kernels once (kernel_plan.h) and makes this plan the launchers' (one backend per process).
+    // Decides the kernels once (kernel_plan.h). The launchers read the active plan: every call that launches
+    // kernels that consult it makes this backend's plan the active one first (use_kernel_plan).
     void set_plan(const backend_options& opt) {
         kernel_device d;
         d.name = cuda::device_name(0), d.cc = device_compute_capability(0), d.sms = sm_count();
         d.smem_optin = max_dynamic_smem(), d.wgmma = gemm_wgmma_available();
         plan_ = make_kernel_plan(d, &cfg_, opt.precise_gemm, opt.kernels);
-        set_active_kernel_plan(plan_);
+        use_kernel_plan(&plan_);
     }
     std::string kernel_summary(const char* indent) const override { return plan_.describe(indent); }
     uint64_t memory_epoch() const override { return epoch_; }
@@ -247,6 +249,7 @@ class cuda_backend final : public backend {
     }
 
     void matmul(const tensor& out, const tensor& in, const matrix& W, bool accumulate) override {
+        use_kernel_plan(&plan_);
         TANSY_CHECK(in.cols == W.cols && out.cols == W.rows && out.rows == in.rows, "matmul %s shapes", W.name.c_str());
         const gemv_segment seg{f32(out), out.cols, 0};
         dense(weights_.mat(W), f32(in), in.cols, (int)in.rows, nullptr, 0.0f, &seg, 1, accumulate);
@@ -268,6 +271,7 @@ class cuda_backend final : public backend {
 
     void project(const std::vector<tensor>& outs, const tensor& x, vec_view norm, float eps,
                  const std::vector<const matrix*>& Ws) override {
+        use_kernel_plan(&plan_);
         const int T = (int)x.rows;
         const float* nw = weights_.vec(norm);
         const float* xin = f32(x);
@@ -299,6 +303,7 @@ class cuda_backend final : public backend {
 
     void attention(const tensor& out, const tensor& qg, const tensor& k, const tensor& v, const attn_weights& w,
                    int slot, const std::vector<seq_span>& spans) override {
+        use_kernel_plan(&plan_);
         prepare_batch(spans, (int)qg.rows);
         const int T = (int)qg.rows;
         attn_params p;
@@ -332,6 +337,7 @@ class cuda_backend final : public backend {
 
     void gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
              const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode mode) override {
+        use_kernel_plan(&plan_);
         prepare_batch(spans, (int)qkv.rows);
         gdn_params p;
         p.qkv = f32(qkv), p.b = f32(b), p.a = f32(a), p.z = f32(z);
@@ -353,6 +359,7 @@ class cuda_backend final : public backend {
     }
 
     void moe(const tensor& x, vec_view norm, float eps, const moe_weights& w) override {
+        use_kernel_plan(&plan_);
         const int T = (int)x.rows;
         const device_weights::moe_dev& md = weights_.moe(w);
         const float* nw = weights_.vec(norm);
@@ -427,6 +434,7 @@ class cuda_backend final : public backend {
     // tap), and gate/up takes its routing from them: the router GEMV's launch leaves the chain.
     void out_proj_moe(const tensor& x, const tensor& o, const matrix& W_out, vec_view norm, float eps,
                       const moe_weights& w) override {
+        use_kernel_plan(&plan_);
         const device_weights::moe_dev& md = weights_.moe(w);
         const int E = (int)cfg_.n_experts, k = (int)cfg_.top_k;
         if (x.rows == 1 && !precise_gemm_ && md.router.parts.size() == 1 && md.router.parts[0].W.rows == E + 1 &&
@@ -594,6 +602,7 @@ class cuda_backend final : public backend {
 
     bool supports_graphs() const override { return true; }
     void capture_begin() override {
+        use_kernel_plan(&plan_);
         TANSY_CHECK(!capturing_, "nested capture");
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));

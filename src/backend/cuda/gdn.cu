@@ -360,7 +360,7 @@ void gdn_forward(const gdn_params& p, cudaStream_t stream) {
     if (any_long) gdn_prefill(p, k_gdn_recur_max_rows + 1, stream);
     if (any_short) {
         const int max_rows = any_long ? k_gdn_recur_max_rows : INT_MAX;
-        if (active_kernel_plan().recur_smem(p.n_spans) && p.dv % k_smem_cols == 0)
+        if (deltanet_recur_smem(p.n_spans) && p.dv % k_smem_cols == 0)
             launch_recur_smem<k_smem_cols>(p, max_rows, stream);
         else
             launch_pdl(recur_kernel, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)), dim3(DK), 0,

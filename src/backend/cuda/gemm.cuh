@@ -83,11 +83,9 @@ bool gemm_wide_tiles_fit(dfmt f);
 
 // The fast mode's 4-bit GEMMs with 128-row tiles run on wgmma (sm90/gemm_wgmma.cu) where the build has it (architecture 90 among
 // TANSY_CUDA_ARCHS) and the device is compute capability 9.0, else on mma.sync. The kernel plan's wgmma switch
-// (--kernels wgmma=off) keeps mma.sync, for A/B; set_gemm_wgmma overrides it (tests run both) and returns the
-// previous setting.
+// (--kernels wgmma=off) keeps mma.sync, for A/B; tests run both (force_gemm_wgmma, kernel_plan.h).
 bool gemm_wgmma_available();
 bool gemm_wgmma_enabled();
-bool set_gemm_wgmma(bool on);
 
 // The K slices gemm() takes for p (1: no split): dense store calls on the precise kernel or the wgmma GEMM only.
 int gemm_split_slices(const gemm_params& p);

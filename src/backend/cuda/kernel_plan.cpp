@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "backend/backend.h"
 #include "core/check.h"
@@ -96,9 +97,33 @@ kernel_plan default_plan() {
     return p;
 }
 
-kernel_plan& active() {
-    static kernel_plan p = default_plan();
+// The plan before any backend (op tests): the defaults with TANSY_KERNELS applied.
+const kernel_plan& defaults() {
+    static const kernel_plan p = default_plan();
     return p;
+}
+const kernel_plan*& active_ptr() {
+    static const kernel_plan* p = &defaults();
+    return p;
+}
+const kernel_plan& active() { return *active_ptr(); }
+
+// The forms tests force over whichever plan is active (kernel_plan.h).
+struct overrides {
+    std::optional<unsigned> mma_families;
+    std::optional<bool> int8_inputs, gemm_wgmma;
+    std::optional<int> recur;
+};
+overrides& forced() {
+    static overrides o;
+    return o;
+}
+
+template <class T>
+std::optional<T> exchange(std::optional<T>& slot, std::optional<T> v) {
+    std::optional<T> prev = slot;
+    slot = v;
+    return prev;
 }
 
 }  // namespace
@@ -249,30 +274,22 @@ std::string kernel_plan::describe(const char* indent) const {
 }
 
 const kernel_plan& active_kernel_plan() { return active(); }
-void set_active_kernel_plan(const kernel_plan& plan) { active() = plan; }
+void use_kernel_plan(const kernel_plan* plan) { active_ptr() = plan ? plan : &defaults(); }
+void release_kernel_plan(const kernel_plan* plan) {
+    if (active_ptr() == plan) active_ptr() = &defaults();
+}
 
-unsigned decode_mma_families() { return active().mma_families; }
-unsigned set_decode_mma_families(unsigned families) {
-    const unsigned prev = active().mma_families;
-    active().mma_families = families & mma_all;
-    return prev;
+unsigned decode_mma_families() { return forced().mma_families.value_or(active().mma_families); }
+bool decode_int8_inputs() { return forced().int8_inputs.value_or(active().int8_inputs); }
+bool deltanet_recur_smem(int64_t spans) { return recur_smem_form(forced().recur.value_or(active().recur), spans); }
+bool gemm_wgmma_requested() { return forced().gemm_wgmma.value_or(active().gemm_wgmma); }
+
+std::optional<unsigned> force_mma_families(std::optional<unsigned> families) {
+    if (families) *families &= mma_all;
+    return exchange(forced().mma_families, families);
 }
-bool decode_int8_inputs() { return active().int8_inputs; }
-bool set_decode_int8_inputs(bool on) {
-    const bool prev = active().int8_inputs;
-    active().int8_inputs = on;
-    return prev;
-}
-int set_deltanet_recur(int form) {
-    const int prev = active().recur;
-    active().recur = form;
-    return prev;
-}
-bool gemm_wgmma_requested() { return active().gemm_wgmma; }
-bool set_gemm_wgmma_requested(bool on) {
-    const bool prev = active().gemm_wgmma;
-    active().gemm_wgmma = on;
-    return prev;
-}
+std::optional<bool> force_int8_inputs(std::optional<bool> on) { return exchange(forced().int8_inputs, on); }
+std::optional<int> force_deltanet_recur(std::optional<int> form) { return exchange(forced().recur, form); }
+std::optional<bool> force_gemm_wgmma(std::optional<bool> on) { return exchange(forced().gemm_wgmma, on); }
 
 }  // namespace tansy::cuda

@@ -1,13 +1,14 @@
 // The CUDA backend's kernel plan: which kernel family runs each op for a given row count and shape, decided once
 // when the backend is made (from the device, the model and backend_options::kernels, i.e. --kernels) and printed
 // by `tansy info --backend cuda` and the bench header (llama.cpp's per-op choice in one function; FlashInfer's
-// plan/run split). Launchers read the process's active plan (active_kernel_plan) for the switches below; the
-// row-count boundaries are compile-time where they size kernels' shared arrays. TANSY_KERNELS (the --kernels
-// syntax) is the one debug override of the environment, read in kernel_plan.cpp alone.
+// plan/run split). Launchers read the active plan (the calling backend's: active_kernel_plan) for the switches
+// below; the row-count boundaries are compile-time where they size kernels' shared arrays. TANSY_KERNELS (the
+// --kernels syntax) is the one debug override of the environment, read in kernel_plan.cpp alone.
 // Plain C++ with no CUDA header: built into every configuration (the CLI parses --kernels without CUDA too).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace tansy {
@@ -84,6 +85,9 @@ struct kernel_device {
     bool wgmma = false;     // the wgmma GEMM is in this build (90 among TANSY_CUDA_ARCHS) and runs here (cc 9.0)
 };
 
+// kernel_plan::recur's form for a batch of `spans` sequences: 0 registers, 1 shared memory, -1 by the batch.
+inline bool recur_smem_form(int recur, int64_t spans) { return recur >= 0 ? recur == 1 : spans >= k_recur_smem_min_spans; }
+
 struct kernel_plan {
     kernel_device dev;
     bool precise = false;  // backend_options::precise_gemm: split-bf16 GEMMs, fp32 decode inputs
@@ -132,7 +136,7 @@ struct kernel_plan {
         return !precise && rows >= k_gemm_min_rows && rows <= moe_small &&
                (rows >= k_moe_small_min_rows || !moe_in_groups(rows));
     }
-    bool recur_smem(int64_t spans) const { return recur >= 0 ? recur == 1 : spans >= k_recur_smem_min_spans; }
+    bool recur_smem(int64_t spans) const { return recur_smem_form(recur, spans); }
     // The plan in words, one decision a line, each line starting with `indent` (after the first).
     std::string describe(const char* indent = "") const;
 };
@@ -141,20 +145,25 @@ struct kernel_plan {
 kernel_plan make_kernel_plan(const kernel_device& dev, const model_config* cfg, bool precise,
                              const kernel_options& opt);
 
-// The plan the launchers consult: set by the CUDA backend when it is made; before that (op tests), the defaults
-// with TANSY_KERNELS applied. Set it before capturing a CUDA graph: captured launches keep their kernels.
+// The plan the launchers consult: each CUDA backend points it at its own plan on every call that launches
+// kernels, so backends with different plans can share a process (tests keep fast and precise engines side by
+// side); with none, the defaults with TANSY_KERNELS applied. Captured graph launches keep their kernels.
+// release_kernel_plan(p) returns to the defaults if p is active (a backend's destructor).
 const kernel_plan& active_kernel_plan();
-void set_active_kernel_plan(const kernel_plan& plan);
+void use_kernel_plan(const kernel_plan* plan);
+void release_kernel_plan(const kernel_plan* plan);
 
-// The active plan's switches one at a time; each setter returns the previous value (tests run every form).
+// Four forms as the launchers read them: the active plan's, unless a test forces one process-wide.
 unsigned decode_mma_families();
-unsigned set_decode_mma_families(unsigned families);
 bool decode_int8_inputs();
-bool set_decode_int8_inputs(bool on);
-// kernel_plan::recur (0 registers, 1 shared memory, -1 by the batch)
-int set_deltanet_recur(int form);
+bool deltanet_recur_smem(int64_t spans);
 bool gemm_wgmma_requested();
-bool set_gemm_wgmma_requested(bool on);
+// Forcing (tests run every form whatever the plan: tests/cuda/cuda_test_util.h setting_scope): each takes the
+// forced value (nullopt: the plan's own again) and returns the previous one.
+std::optional<unsigned> force_mma_families(std::optional<unsigned> families);
+std::optional<bool> force_int8_inputs(std::optional<bool> on);
+std::optional<int> force_deltanet_recur(std::optional<int> form);  // kernel_plan::recur's values
+std::optional<bool> force_gemm_wgmma(std::optional<bool> on);
 
 // --kernels / TANSY_KERNELS: KEY=VALUE items separated by ',' (or ';', which survives scripts/device.sh ab-multi's
 // comma-separated environments), applied onto *opt:
