@@ -165,6 +165,7 @@ TEST(kernel_plan, moe_small_rows) {
 // Each backend points the launchers at its own plan (fast and precise engines share a test process); a forced
 // form holds over every plan until it is restored, and a released plan leaves the defaults active.
 TEST(kernel_plan, launchers_read_the_calling_backends_plan_and_forced_forms) {
+    unsetenv("TANSY_KERNELS");
     kernel_options ob;
     ob.int8_inputs = 0, ob.recur = 1, ob.mma_families = (int)cuda::mma_all;
     const cuda::kernel_plan a = cuda::make_kernel_plan({}, nullptr, false, {}),

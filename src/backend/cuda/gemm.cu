@@ -363,7 +363,6 @@ bool gemm_wgmma_available() {
 
 bool gemm_wgmma_enabled() { return gemm_wgmma_requested() && gemm_wgmma_available(); }
 
-
 void to_f16(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld, float scale, cudaStream_t stream) {
     TANSY_CHECK(cols % 4 == 0 && ld % 4 == 0 && (uintptr_t)src % 16 == 0 && (uintptr_t)dst % 8 == 0,
                 "to_f16: rows of %lld values (stride %lld) must be 16-byte aligned", (long long)cols, (long long)ld);

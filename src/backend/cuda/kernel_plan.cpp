@@ -102,8 +102,9 @@ const kernel_plan& defaults() {
     static const kernel_plan p = default_plan();
     return p;
 }
+// Per thread: a backend's ops run on one thread at a time, and each points it at its plan first.
 const kernel_plan*& active_ptr() {
-    static const kernel_plan* p = &defaults();
+    static thread_local const kernel_plan* p = &defaults();
     return p;
 }
 const kernel_plan& active() { return *active_ptr(); }

@@ -147,7 +147,8 @@ kernel_plan make_kernel_plan(const kernel_device& dev, const model_config* cfg, 
 
 // The plan the launchers consult: each CUDA backend points it at its own plan on every call that launches
 // kernels, so backends with different plans can share a process (tests keep fast and precise engines side by
-// side); with none, the defaults with TANSY_KERNELS applied. Captured graph launches keep their kernels.
+// side); with none, the defaults with TANSY_KERNELS applied. The pointer is per thread; forcing (below) is
+// process-wide. Captured graph launches keep their kernels.
 // release_kernel_plan(p) returns to the defaults if p is active (a backend's destructor).
 const kernel_plan& active_kernel_plan();
 void use_kernel_plan(const kernel_plan* plan);
