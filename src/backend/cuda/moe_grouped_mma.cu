@@ -239,6 +239,7 @@ void launch_small(const small_params& p, int max_tiles, int items_per_warp, cuda
     const int64_t n_items = p.N / 16;
     const int slices = (int)std::max<int64_t>(1, n_items / ((int64_t)k_ms_warps * items_per_warp));
     const size_t smem = small_smem(p.W.cols);
+    TANSY_CHECK(max_tiles <= 65535, "moe_small: %d tiles exceed the grid's y limit", max_tiles);
     // (the attribute is set once per kernel: the most any shape may take, as gemv_mma_warp.cu's)
     allow_dynamic_smem<moe_small_kernel<SWIGLU>>(stream_smem_limit());
     launch_pdl(moe_small_kernel<SWIGLU>, dim3((unsigned)slices, (unsigned)max_tiles), dim3(k_ms_threads), smem, stream, p);
