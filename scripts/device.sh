@@ -62,6 +62,8 @@ if [ "$what" = gtest ]; then
   pre=""; [ "${MEMCHECK:-0}" = 1 ] && pre="compute-sanitizer --tool memcheck --error-exitcode 3"
   timeout ${GTEST_TIMEOUT:-400} $pre build-dev/tests/tansy_cuda_tests --gtest_filter="${FILTER:-*}" > "$OUT/gtest.log" 2>&1 || rc=1
   grep -E "^\[  (FAILED|PASSED) |^\[ +OK|^\[ (tiny|real|paths)|Failure|rel_error|error|Expected|Which is|actual|ERROR SUMMARY" "$OUT/gtest.log" | head -${GTEST_LINES:-80}
+  # the counts always, whatever the head above left out
+  grep -E "^\[==========\] [0-9]+ tests? from .* ran|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?" "$OUT/gtest.log" | tail -4
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   timeout ${BENCH_TIMEOUT:-560} build-dev/bin/tansy bench --backend cuda --synthetic tests/fixtures/qwen3.6-35b-a3b/config.json "$@" \
