@@ -40,7 +40,8 @@ namespace tansy::cuda {
 // note: the chain is transitive: every kernel triggers first, so before its pdl_wait a kernel may run alongside
 // any kernel launched since the stream's last plain (non-PDL) launch. What it reads before pdl_wait must not be
 // written by any of those: weights, and state written only in earlier decode steps (steps are separated by
-// plain launches: embed, advance).
+// plain launches: embed, advance). Nor by the last plain launch itself: PTX promises a prerequisite grid's
+// writes visible only after griddepcontrol.wait (pdl_wait), not when its dependents start.
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");

@@ -8,9 +8,8 @@
 // warp loads its A fragments (4-bit codes, made exact fp16 pairs: q4_fragments) from global memory a step ahead
 // and multiplies them with the rows as B columns (mma.m16n8k16, NG = 1 or 2 groups of 8).
 // Why fast: each expert a step touches is read once for all its rows (groups of 16 rows read it once per group;
-// the GEMMs' 64-row tiles hold 2-8 rows per expert here). The plan comes from a plain launch, complete before
-// these kernels start, so a block reads its tile and has its first weights in flight before pdl_wait (down's
-// blocks then overlap gate/up's last ones).
+// the GEMMs' 64-row tiles hold 2-8 rows per expert here). The plan comes from a plain launch, so a block learns
+// its weights only after pdl_wait.
 #include <algorithm>
 #include <atomic>
 
@@ -149,9 +148,8 @@ __device__ __forceinline__ void small_tile(const small_params& p, const gemm_til
     for (int i = threadIdx.x; i < nb * k_ms_rows; i += blockDim.x)  // the sums' unused columns
         if (i % k_ms_rows >= cnt) s_sum[i] = 0.0f;
     regs A, B;
-    if (n_steps > 0) load(0, A);  // weights in flight during the wait and the staging
+    if (n_steps > 0) load(0, A);  // weights in flight during the staging
     if (n_steps > 1) load(1, B);
-    pdl_wait();  // the inputs (down: h16) come from the kernel before
     __syncthreads();
     stage_rows_f16(s_x, xs, s_sum, p.x16, p.ldx, s_src, cnt, K);
     __syncthreads();
@@ -215,18 +213,14 @@ __device__ __forceinline__ void small_tile(const small_params& p, const gemm_til
     two_step_pipeline(n_steps, A, B, load, compute);
 }
 
-// grid: (slices, max_tiles): a tile's slices start side by side (1-2% faster than tile-major at 64-256 rows,
+// grid: (slices, max_tiles): a tile's slices start side by side (1.3% faster than tile-major at 64 and 256 rows,
 // H100); blocks past *n_tiles exit.
 template <bool SWIGLU>
 __global__ void __launch_bounds__(k_ms_threads, 2) moe_small_kernel(const small_params p) {
     extern __shared__ __align__(16) char smem[];
     pdl_trigger();
-    // The plan is read before the wait: it comes from a plain launch, complete before this kernel starts (only
-    // kernels launched with PDL since the stream's last plain launch may still run: gate/up, for down).
-    if ((int)blockIdx.y >= *p.n_tiles) {
-        pdl_wait();
-        return;
-    }
+    pdl_wait();  // the plan, the inputs and (down) h16 come from the kernels before
+    if ((int)blockIdx.y >= *p.n_tiles) return;
     const gemm_tile tile = p.tiles[blockIdx.y];
     if (tile.rows <= k_mma_group_tokens)
         small_tile<SWIGLU, 1>(p, tile, smem);
