@@ -670,8 +670,9 @@ class cuda_backend final : public backend {
             p.epi = gemm_epilogue::store;
             for (int i = 0; i < n_seg; i++) p.seg[i] = seg[i];
             p.n_seg = n_seg, p.accumulate = accumulate;
-            p.split_k = 0;  // K slices where the tiles alone would leave most SMs idle
-            if (const size_t n = gemm_split_floats(p)) p.split_ws = ws_split_.ensure(n);
+            p.split_k = 0;
+            p.split_k = gemm_split_slices(p);  // K slices where the tiles alone would leave most SMs idle, once
+            if (p.split_k > 1) p.split_ws = ws_split_.ensure(gemm_split_floats(p));
             gemm(p, stream_);
             return;
         }
