@@ -24,7 +24,16 @@ struct seq_span {
     seq_state* state = nullptr;
     int64_t row0 = 0, n = 0;  // batch rows [row0, row0 + n)
     int64_t pos0 = 0;         // absolute position of row0 (= state->n_past() before the step)
+    // A checkpoint taken inside the step (runtime/prefix_cache.h): mark_state (a recurrent-only state, from
+    // new_state(0)) receives the span's recurrent part (conv tails, S) as it stands after the span's first
+    // `mark` rows, i.e. at position pos0 + mark, and its n_past becomes that. 0 < mark < n, and
+    // n >= k_marked_span_min_rows. Saves the prompt piece that would otherwise end there.
+    seq_state* mark_state = nullptr;
+    int64_t mark = 0;
 };
+// The fewest rows of a span with a mark: a backend may run short spans on a decode path that keeps no state
+// between its tokens (CUDA: up to 16 rows).
+constexpr int64_t k_marked_span_min_rows = 32;
 
 // How the GDN recurrence is evaluated for spans of more than one token.
 enum class gdn_mode : uint8_t {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <sstream>
 
 #include "core/check.h"
 #include "runtime/metrics.h"
@@ -160,6 +161,24 @@ scenario_report run_second_turn(const scenario_target& t, const scenario_options
     return rep;
 }
 
+prompt_sums read_prompt_sums(int port) {
+    http_client c("127.0.0.1", port, 30);
+    std::string body, err;
+    if (c.get("/metrics", &body, &err) != 200) fail("bench --serve: GET /metrics: %s", err.c_str());
+    prompt_sums s;
+    std::istringstream in(body);
+    std::string name;
+    double v = 0;
+    for (std::string line; std::getline(in, line);) {
+        std::istringstream l(line);
+        if (!(l >> name >> v)) continue;
+        if (name == "tansy_queue_wait_seconds_sum") s.queue_s = v;
+        if (name == "tansy_prefill_seconds_sum") s.prefill_s = v;
+        if (name == "tansy_prefill_seconds_count") s.n = v;
+    }
+    return s;
+}
+
 // ---- agent
 
 namespace {
@@ -168,10 +187,14 @@ struct agent_turn {
     int64_t prompt_tokens = 0, cached_tokens = 0;
     double ttft_ms = 0;
 };
+struct agent_run {
+    std::vector<agent_turn> turns;
+    double queue_ms = 0, steps_ms = 0;  // the server's side of the TTFTs (prompt_sums), in all
+};
 
 // One replay: turn 1 is a system prompt and a task (~turn_tokens together); every later turn adds the previous
 // reply as an assistant message and a tool result of ~turn_tokens.
-std::vector<agent_turn> agent_replay(const scenario_target& t, const scenario_options& o, bool cache, const char* run) {
+agent_run agent_replay(const scenario_target& t, const scenario_options& o, bool cache, const char* run) {
     const int64_t reply = std::min(o.max_tokens, AGENT_REPLY);
     const uint64_t seed = (cache ? 0xa9e47ULL : 0xa9e48ULL) * 100000;
     http_client client(t.host, t.port);
@@ -179,6 +202,7 @@ std::vector<agent_turn> agent_replay(const scenario_target& t, const scenario_op
         {message("system", t.prompts->make(strprintf("Agent instructions (%s run):", run), seed, o.turn_tokens / 2)),
          message("user", t.prompts->make(strprintf("Task (%s run):", run), seed + 1, o.turn_tokens - o.turn_tokens / 2))});
     std::vector<agent_turn> turns;
+    const prompt_sums before = read_prompt_sums(t.port);
     for (int64_t k = 1; k <= o.turns; k++) {
         const std::string what = strprintf("agent: %s run, turn %lld", run, (long long)k);
         const stream_timing s = send(client, t, scenario_body(messages, reply, cache, seed + 2 * (uint64_t)k), what);
@@ -188,20 +212,24 @@ std::vector<agent_turn> agent_replay(const scenario_target& t, const scenario_op
         messages.push_back(message("tool", t.prompts->make(strprintf("Tool result %lld (%s run):", (long long)k, run),
                                                            seed + 2 * (uint64_t)k + 1, o.turn_tokens)));
     }
+    const prompt_sums after = read_prompt_sums(t.port);
+    agent_run r{turns, 1e3 * (after.queue_s - before.queue_s), 1e3 * (after.prefill_s - before.prefill_s)};
     double total = 0;
     int64_t cached = 0;
     for (const agent_turn& x : turns) total += x.ttft_ms, cached += x.cached_tokens;
-    fprintf(stderr, "  agent, %s: %lld turns, last prompt %lld tokens, prefill %.1f ms in all, %lld cached tokens\n", run,
-            (long long)o.turns, (long long)turns.back().prompt_tokens, total, (long long)cached);
-    return turns;
+    fprintf(stderr, "  agent, %s: %lld turns, last prompt %lld tokens, prefill %.1f ms in all (server: queue %.1f ms, "
+            "prompt steps %.1f ms), %lld cached tokens\n", run, (long long)o.turns, (long long)turns.back().prompt_tokens,
+            total, r.queue_ms, r.steps_ms, (long long)cached);
+    return r;
 }
 
 }  // namespace
 
 // The run without the cache goes first, with text of its own: nothing it does can help the cached run.
 scenario_report run_agent(const scenario_target& t, const scenario_options& o) {
-    const std::vector<agent_turn> cold = agent_replay(t, o, false, "uncached");
-    const std::vector<agent_turn> warm = agent_replay(t, o, true, "cached");
+    const agent_run cold_run = agent_replay(t, o, false, "uncached");
+    const agent_run warm_run = agent_replay(t, o, true, "cached");
+    const std::vector<agent_turn>&cold = cold_run.turns, &warm = warm_run.turns;
     struct sums {
         double prefill_ms = 0;
         int64_t cached = 0, prompt = 0;
@@ -238,6 +266,10 @@ scenario_report run_agent(const scenario_target& t, const scenario_options& o) {
                        "prompt tokens (uncached run: %lld); TTFT p50 cached %.1f ms, uncached %.1f ms\n",
                        w.prefill_ms, c.prefill_ms, 100 * ratio(w.prefill_ms, c.prefill_ms), (long long)w.cached,
                        (long long)w.prompt, (long long)c.cached, percentile(w.ttft, 50), percentile(c.ttft, 50));
+    table += strprintf("the server's side of them: prompt steps cached %.1f ms, uncached %.1f ms (%.1f%%); admission "
+                       "waits %.1f / %.1f ms; the rest is HTTP, templating, tokenizing and the first token's delivery\n",
+                       warm_run.steps_ms, cold_run.steps_ms, 100 * ratio(warm_run.steps_ms, cold_run.steps_ms),
+                       warm_run.queue_ms, cold_run.queue_ms);
 
     scenario_report rep;
     rep.key = "agent";
@@ -253,6 +285,10 @@ scenario_report run_agent(const scenario_target& t, const scenario_options& o) {
                 {"prompt_tokens", w.prompt},
                 {"ttft_ms_p50_cached", percentile(w.ttft, 50)},
                 {"ttft_ms_p50_uncached", percentile(c.ttft, 50)},
+                {"steps_ms_cached", warm_run.steps_ms},
+                {"steps_ms_uncached", cold_run.steps_ms},
+                {"queue_ms_cached", warm_run.queue_ms},
+                {"queue_ms_uncached", cold_run.queue_ms},
                 {"per_turn", jturns}};
     rep.table = table;
     return rep;

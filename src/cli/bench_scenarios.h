@@ -80,4 +80,11 @@ std::string scenario_body(const nlohmann::ordered_json& messages, int64_t max_to
 void check_stream(const stream_timing& s, const std::string& what);
 double median(std::vector<double> v);
 
+// The sums and counts of the server's tansy_queue_wait_seconds and tansy_prefill_seconds histograms (/metrics): the
+// server's side of TTFTs, admission waits and the steps that processed the prompts.
+struct prompt_sums {
+    double queue_s = 0, prefill_s = 0, n = 0;
+};
+prompt_sums read_prompt_sums(int port);
+
 }  // namespace tansy

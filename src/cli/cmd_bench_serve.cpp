@@ -92,28 +92,6 @@ struct serve_row {
     double queue_ms_mean = 0, prefill_ms_mean = 0;
 };
 
-// The sums and counts of the server's tansy_queue_wait_seconds and tansy_prefill_seconds histograms.
-struct prompt_sums {
-    double queue_s = 0, prefill_s = 0, n = 0;
-};
-prompt_sums read_prompt_sums(int port) {
-    http_client c("127.0.0.1", port, 30);
-    std::string body, err;
-    if (c.get("/metrics", &body, &err) != 200) fail("bench --serve: GET /metrics: %s", err.c_str());
-    prompt_sums s;
-    std::istringstream in(body);
-    std::string name;
-    double v = 0;
-    for (std::string line; std::getline(in, line);) {
-        std::istringstream l(line);
-        if (!(l >> name >> v)) continue;
-        if (name == "tansy_queue_wait_seconds_sum") s.queue_s = v;
-        if (name == "tansy_prefill_seconds_sum") s.prefill_s = v;
-        if (name == "tansy_prefill_seconds_count") s.n = v;
-    }
-    return s;
-}
-
 // What the engine alone does with a round's work, from its measured rates: C prompts of P tokens prefilled at
 // its prefill rate, then N decode steps at batch C, nothing overlapped. (The scheduler may overlap the two a
 // little in mixed steps.) A served aggregate near it means the server costs nothing on top of the engine.

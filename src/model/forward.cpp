@@ -57,6 +57,9 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
         if (s.pos0 + s.n > s.state->capacity())
             fail("sequence of %lld tokens exceeds the context capacity of %lld", (long long)(s.pos0 + s.n),
                  (long long)s.state->capacity());
+        if (s.mark_state)
+            TANSY_CHECK(s.mark > 0 && s.mark < s.n && s.n >= k_marked_span_min_rows && s.mark_state != s.state,
+                        "a span of %lld rows marked at %lld", (long long)s.n, (long long)s.mark);
         covered += s.n;
     }
     TANSY_CHECK(covered == T, "spans cover %lld of %lld rows", (long long)covered, (long long)T);
@@ -85,7 +88,10 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
         if (tap) tap("layer", (int)i, x);
     }
     be_.end_step(spans);
-    for (const seq_span& s : spans) s.state->set_n_past(s.pos0 + s.n);
+    for (const seq_span& s : spans) {
+        s.state->set_n_past(s.pos0 + s.n);
+        if (s.mark_state) s.mark_state->set_n_past(s.pos0 + s.mark);
+    }
     if (which == logits_rows::none) return {};
 
     tensor h = x;
@@ -116,7 +122,8 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
     return logits;
 }
 
-tensor forward_pass::prefill(const tensor& ids, seq_state& st, logits_rows which, const chunk_fn& on_chunk) {
+tensor forward_pass::prefill(const tensor& ids, seq_state& st, logits_rows which, const chunk_fn& on_chunk,
+                             const span_mark& mark) {
     TANSY_CHECK(prefill_chunk >= 1, "prefill_chunk %lld", (long long)prefill_chunk);
     TANSY_CHECK(which != logits_rows::all || on_chunk, "prefill with logits_rows::all needs on_chunk");
     const int64_t T = ids.rows;
@@ -125,18 +132,24 @@ tensor forward_pass::prefill(const tensor& ids, seq_state& st, logits_rows which
     if (st.n_past() + T > st.capacity())
         fail("sequence of %lld tokens exceeds the context capacity of %lld", (long long)(st.n_past() + T),
              (long long)st.capacity());
+    TANSY_CHECK(!mark.state || (mark.at > 0 && mark.at < T), "prefill: a mark at row %lld of %lld", (long long)mark.at,
+                (long long)T);
     tensor logits;
     for (int64_t r0 = 0; r0 < T; r0 += prefill_chunk) {
         const int64_t n = std::min(prefill_chunk, T - r0);
         const bool final_chunk = r0 + n == T;
         const logits_rows w = final_chunk || which == logits_rows::all ? which : logits_rows::none;
-        logits = run(ids.rows_view(r0, n), {seq_span{&st, 0, n, st.n_past()}}, w);
+        const bool marked = mark.state && mark.at > r0 && mark.at < r0 + n;
+        if (mark.state && mark.at == r0) fail("prefill: a mark at a chunk's start (row %lld)", (long long)r0);
+        logits = run(ids.rows_view(r0, n),
+                     {seq_span{&st, 0, n, st.n_past(), marked ? mark.state : nullptr, marked ? mark.at - r0 : 0}}, w);
         if (which == logits_rows::all) on_chunk(logits, r0);
     }
     return logits;
 }
 
-std::vector<float> forward_pass::run_host(const std::vector<int32_t>& ids, seq_state& st, logits_rows which) {
+std::vector<float> forward_pass::run_host(const std::vector<int32_t>& ids, seq_state& st, logits_rows which,
+                                          const span_mark& mark) {
     const int64_t T = (int64_t)ids.size();
     TANSY_CHECK(T > 0, "empty batch");
     if (!host_ids_ || host_ids_.t().rows < T) host_ids_ = be_.alloc(T, 1, dtype::i32);
@@ -148,7 +161,7 @@ std::vector<float> forward_pass::run_host(const std::vector<int32_t>& ids, seq_s
         out.resize(at + (size_t)lg.numel());
         if (lg.numel()) be_.download(out.data() + at, lg);
     };
-    const tensor lg = prefill(idt, st, which, take);
+    const tensor lg = prefill(idt, st, which, take, mark);
     if (which != logits_rows::all) take(lg, 0);
     return out;
 }

@@ -21,6 +21,12 @@ enum class logits_rows : uint8_t {
 // with its index), "final_norm". Tensors are in backend memory.
 using tap_fn = std::function<void(const char* name, int layer, const tensor& t)>;
 
+// A checkpoint a prefill takes on the way (seq_span::mark): `state` gets the recurrent part after `at` rows.
+struct span_mark {
+    seq_state* state = nullptr;
+    int64_t at = 0;
+};
+
 class forward_pass {
   public:
     forward_pass(backend& be, const model& m);
@@ -39,10 +45,13 @@ class forward_pass {
     // logits_rows::none; the last one with `which`, whose logits are returned ([1, V] for last). For all, every
     // chunk computes its rows' logits and hands them to on_chunk; the returned tensor is then the final
     // chunk's [n_last, V]. The result equals one run() over all T rows up to fp32 summation order.
-    tensor prefill(const tensor& ids, seq_state& st, logits_rows which, const chunk_fn& on_chunk = {});
+    // A mark (state set) is taken by the chunk it falls inside, which must hold k_marked_span_min_rows rows.
+    tensor prefill(const tensor& ids, seq_state& st, logits_rows which, const chunk_fn& on_chunk = {},
+                   const span_mark& mark = {});
 
     // Convenience for one sequence: host ids -> host logits (rows per `which`), through prefill().
-    std::vector<float> run_host(const std::vector<int32_t>& ids, seq_state& st, logits_rows which);
+    std::vector<float> run_host(const std::vector<int32_t>& ids, seq_state& st, logits_rows which,
+                                const span_mark& mark = {});
 
     gdn_mode gdn = gdn_mode::auto_select;
     tap_fn tap;

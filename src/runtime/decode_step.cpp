@@ -219,7 +219,7 @@ decode_step::pick_flags decode_step::run_mixed(const std::vector<row>& rows, con
     for (const prompt_chunk& c : chunks) {
         slots.push_back(c.last ? c.slot : max_slots_);
         be_.upload(mixed_ids_.t().rows_view(at, c.n), c.ids);
-        spans.push_back(seq_span{c.state, at, c.n, c.state->n_past()});
+        spans.push_back(seq_span{c.state, at, c.n, c.state->n_past(), c.mark_state, c.mark_state ? c.mark : 0});
         at += c.n;
     }
     const pick_flags f = flags_of(slots);

@@ -76,6 +76,8 @@ class decode_step {
         const int32_t* ids = nullptr;  // host
         int64_t n = 0;
         bool last = false;
+        seq_state* mark_state = nullptr;  // seq_span::mark_state: a checkpoint after the piece's first mark tokens
+        int64_t mark = 0;
     };
     // Queues one step over `rows` (every state advances by one token; each must have room for it) and `chunks`.
     // A step with prompt chunks runs eagerly (its shape is new each time). Returns the step's ticket for wait().

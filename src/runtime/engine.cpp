@@ -62,7 +62,7 @@ std::vector<float> engine::step(seq_state& st, const std::vector<int32_t>& ids, 
 }
 
 generation_stats engine::generate(seq_state& st, const generation_request& req,
-                                  const std::function<bool(int32_t)>& on_token) {
+                                  const std::function<bool(int32_t)>& on_token, const span_mark& mark) {
     using clock = std::chrono::steady_clock;
     auto secs = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
     generation_stats gs;
@@ -108,7 +108,7 @@ generation_stats engine::generate(seq_state& st, const generation_request& req,
     if (!prompt_ids_ || prompt_ids_.t().rows < T) prompt_ids_ = be.alloc(T, 1, dtype::i32);
     const tensor pids = prompt_ids_.t().rows_view(0, T);
     be.upload(pids, req.prompt.data());
-    const tensor plog = fwd_->prefill(pids, st, logits_rows::last);
+    const tensor plog = fwd_->prefill(pids, st, logits_rows::last, {}, mark);
     int32_t id = host_draw ? host_pick(plog) : ds.pick_prompt(0, plog);
     gs.prefill_s = secs(t0);
     if (!emit(id)) return gs;
@@ -147,11 +147,19 @@ generation_stats engine::generate_cached(prefix_cache& cache, seq_state& st, con
     // the scheduler's pieces for a lone prompt (scheduler::next_chunks): prefill chunks that end at the cache's
     // marks, a checkpoint where one is due; the last piece goes to generate(), whose logits pick the first token
     const std::vector<int64_t> marks = cache.plan(req.prompt, done);
+    prefix_cache::piece pc;
+    std::unique_ptr<seq_state> ms;
+    auto mark_of = [&](const prefix_cache::piece& k) {  // the piece's checkpoint inside, as the step takes it
+        if (k.mark == 0) return span_mark{};
+        ms = cache.mark_state();
+        return span_mark{ms.get(), k.mark - done};
+    };
     for (int64_t last = done;;) {
-        const int64_t end = prefix_cache::piece_end(marks, done, fwd_->prefill_chunk, P);
-        if (end == P) break;
-        fwd_->run_host({req.prompt.begin() + done, req.prompt.begin() + end}, st, logits_rows::none);
-        done = end;
+        pc = prefix_cache::next_piece(marks, done, fwd_->prefill_chunk, P);
+        if (pc.end == P) break;
+        fwd_->run_host({req.prompt.begin() + done, req.prompt.begin() + pc.end}, st, logits_rows::none, mark_of(pc));
+        if (ms) cps.push_back(std::move(ms)), last = pc.mark;
+        done = pc.end;
         if (cache.checkpoint_due(marks, last, done, P)) cps.push_back(cache.checkpoint(st)), last = done;
     }
     const double pieces_s = std::chrono::duration<double>(clock::now() - t0).count();
@@ -161,7 +169,8 @@ generation_stats engine::generate_cached(prefix_cache& cache, seq_state& st, con
     generation_stats gs = generate(st, rest, [&](int32_t id) {
         out.push_back(id);
         return on_token(id);
-    });
+    }, mark_of(pc));
+    if (ms) cps.push_back(std::move(ms));
     gs.prompt_tokens = P;
     gs.cached_tokens = cached;
     gs.prefill_s += pieces_s;

@@ -78,7 +78,9 @@ class engine {
 
     // Prefill, then decode until max_tokens, a stop id, or on_token returning false. st must have room for
     // prompt + max_tokens.
-    generation_stats generate(seq_state& st, const generation_request& req, const std::function<bool(int32_t)>& on_token);
+    // mark: a checkpoint the prompt's prefill takes on the way (forward_pass::prefill).
+    generation_stats generate(seq_state& st, const generation_request& req, const std::function<bool(int32_t)>& on_token,
+                              const span_mark& mark = {});
 
     // generate() through a prefix cache (runtime/prefix_cache.h), as the scheduler uses it: the longest cached
     // prefix of req.prompt goes into st (fresh), the rest is prefilled in pieces that end at the cache's

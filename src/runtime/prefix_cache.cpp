@@ -136,10 +136,15 @@ std::vector<int64_t> prefix_cache::plan(const std::vector<int32_t>& prompt, int6
     return at;
 }
 
-int64_t prefix_cache::piece_end(const std::vector<int64_t>& marks, int64_t at, int64_t max_n, int64_t prompt_size) {
-    int64_t end = std::min(prompt_size, at + std::max<int64_t>(max_n, 1));
-    if (auto m = std::upper_bound(marks.begin(), marks.end(), at); m != marks.end()) end = std::min(end, *m);
-    return end;
+prefix_cache::piece prefix_cache::next_piece(const std::vector<int64_t>& marks, int64_t at, int64_t max_n,
+                                             int64_t prompt_size) {
+    const int64_t end = std::min(prompt_size, at + std::max<int64_t>(max_n, 1));
+    auto m = std::upper_bound(marks.begin(), marks.end(), at);
+    if (m == marks.end() || *m >= end) return {end, 0};
+    // a mark inside: carried by a piece that runs on to the next mark (or its budget, or the prompt's end)
+    const int64_t on = std::next(m) != marks.end() ? std::min(end, *std::next(m)) : end;
+    if (on - at >= k_marked_span_min_rows && *m < on) return {on, *m};
+    return {*m, 0};  // too short to carry it: the piece ends there
 }
 
 bool prefix_cache::checkpoint_due(const std::vector<int64_t>& marks, int64_t last, int64_t p,
@@ -150,6 +155,8 @@ bool prefix_cache::checkpoint_due(const std::vector<int64_t>& marks, int64_t las
 }
 
 std::unique_ptr<seq_state> prefix_cache::checkpoint(const seq_state& st) { return be_.snapshot(st, 0); }
+
+std::unique_ptr<seq_state> prefix_cache::mark_state() { return be_.new_state(0); }
 
 // `from`'s tokens are a prefix of `into`'s: its checkpoints and its end move into `into`, its KV goes.
 // The snapshot comes first: if it throws, neither entry has changed.

@@ -20,7 +20,9 @@
 //     interval plus one piece. Pieces are not cut for these: a prompt whose rest fits one piece (a cached
 //     chat's next turn, an agent's next call) runs in one forward pass; a long one gets a checkpoint about
 //     every interval at no extra cost (cold, alone, pieces are prefill chunks from 0: every 2048 tokens).
-// and at positions where the scheduler ends prefill pieces exactly (plan(): marks):
+// and at positions in the prompt (plan(): marks), taken inside the step whose piece runs over them
+// (seq_span::mark: the step writes the state at the mark into a checkpoint; next_piece()) or, when the piece
+// would be too short for that, at a piece's end:
 //   - the point where the prompt leaves the longest cached path (its divergence point): the next request that
 //     shares the same prefix (a system prompt) finds a checkpoint exactly there;
 //   - before the first turn_token after position 0 (<|im_start|>: the end of the system message, with its tool
@@ -124,13 +126,22 @@ class prefix_cache {
 
     // Positions p in (from, prompt.size()) at which to stop the prefill and take a checkpoint(), ascending.
     std::vector<int64_t> plan(const std::vector<int32_t>& prompt, int64_t from) const;
-    // The end of the prefill piece that starts at `at`: at most max_n tokens, and no further than the next mark.
-    static int64_t piece_end(const std::vector<int64_t>& marks, int64_t at, int64_t max_n, int64_t prompt_size);
+    // The prefill piece that starts at `at`: at most max_n tokens, ending at the prompt's end or at a mark. The
+    // first mark inside it is taken within the step (seq_span::mark: `mark`, 0 for none) when the piece then
+    // runs on for at least k_marked_span_min_rows tokens (up to the next mark, max_n or the prompt's end);
+    // otherwise the piece ends at that mark.
+    struct piece {
+        int64_t end = 0;   // the piece is prompt tokens [at, end)
+        int64_t mark = 0;  // a checkpoint position in (at, end), 0: none
+    };
+    static piece next_piece(const std::vector<int64_t>& marks, int64_t at, int64_t max_n, int64_t prompt_size);
     // Whether a piece that ended at p < prompt_size takes a checkpoint: p is a mark, or the interval has run
     // since `last` (the last checkpoint, or where the prefill started).
     bool checkpoint_due(const std::vector<int64_t>& marks, int64_t last, int64_t p, int64_t prompt_size) const;
     // A checkpoint of st where it stands (the recurrent part only), to hand to insert().
     std::unique_ptr<seq_state> checkpoint(const seq_state& st);
+    // An empty checkpoint for a step to fill at a piece's mark (seq_span::mark_state), to hand to insert() after.
+    std::unique_ptr<seq_state> mark_state();
 
     using checkpoints = std::vector<std::unique_ptr<seq_state>>;  // each at its n_past()
     // Stores st, which holds tokens [0, n) (st.n_past() == n), with checkpoints taken on the way (positions < n).

@@ -50,13 +50,15 @@ struct scheduler::sequence {
     double prefill_s = 0;
     finish_reason reason = finish_reason::stop;
     // prefix cache: the looked-up prefix (until restored), the prompt tokens it restored, the positions where
-    // prefill pieces end to take a checkpoint, where the last checkpoint was taken, the checkpoints taken, and
-    // the tokens emitted (the state's input after the prompt, for storing prompt + completion)
+    // checkpoints are taken (prefix_cache::plan), where the last one was taken, the checkpoints taken, the one
+    // the piece in flight fills at its mark, and the tokens emitted (the state's input after the prompt, for
+    // storing prompt + completion)
     prefix_cache::lease hit;
     int64_t cached = 0;
     std::vector<int64_t> marks;
     int64_t last_cp = 0;
     prefix_cache::checkpoints cps;
+    std::unique_ptr<seq_state> mark_state;
     std::vector<int32_t> out;
 
     sequence(uint64_t i, sequence_request&& r, int64_t n_valid)
@@ -287,10 +289,11 @@ std::vector<scheduler::chunk_plan> scheduler::next_chunks(int64_t decode_rows) {
         const int64_t left = (int64_t)s.req.prompt.size() - s.prefilled;
         if (left <= 0) continue;
         if (budget <= 0) break;
-        // a piece ends at the next checkpoint position (the prefix cache snapshots the state there)
+        // a checkpoint position inside the piece is taken by the step, or the piece ends there
         const int64_t T = (int64_t)s.req.prompt.size();
-        const int64_t n = prefix_cache::piece_end(s.marks, s.prefilled, budget, T) - s.prefilled;
-        out.push_back({&s, n, n == left});
+        const prefix_cache::piece pc = prefix_cache::next_piece(s.marks, s.prefilled, budget, T);
+        const int64_t n = pc.end - s.prefilled;
+        out.push_back({&s, n, n == left, pc.mark});
         budget -= n;
     }
     return out;
@@ -341,6 +344,8 @@ void scheduler::drain() {
         if (uses_cache(s) && !s.done) {
             // nothing else runs on this state now (a step with prompt pieces is waited for before the next)
             try {
+                if (p.chunks[c].mark > 0 && s.mark_state)
+                    s.cps.push_back(std::move(s.mark_state)), s.last_cp = p.chunks[c].mark;
                 if (p.chunks[c].last)
                     opt_.cache->insert(s.req.prompt.data(), s.st->n_past(), *s.st, std::move(s.cps));
                 else if (opt_.cache->checkpoint_due(s.marks, s.last_cp, s.prefilled, (int64_t)s.req.prompt.size()))
@@ -441,9 +446,18 @@ void scheduler::step() {
     rows.reserve(batch.size());
     for (sequence* s : batch) rows.push_back({s->slot, s->st.get()});
     std::vector<decode_step::prompt_chunk> pieces;
-    for (const chunk_plan& k : chunks) {
+    for (chunk_plan& k : chunks) {
         sequence& s = *k.seq;
-        pieces.push_back({s.slot, s.st.get(), s.req.prompt.data() + s.prefilled, k.n, k.last});
+        if (k.mark > 0) {
+            try {
+                s.mark_state = opt_.cache->mark_state();
+            } catch (const std::exception& e) {  // as a snapshot that does not fit: a later hit is lost
+                TANSY_WARN("scheduler: a prefix cache checkpoint failed: %s", e.what());
+                k.mark = 0;
+            }
+        }
+        pieces.push_back({s.slot, s.st.get(), s.req.prompt.data() + s.prefilled, k.n, k.last,
+                          k.mark > 0 ? s.mark_state.get() : nullptr, k.mark > 0 ? k.mark - s.prefilled : 0});
     }
     step_in_flight next;
     next.launched = sched_clock::now();

@@ -166,6 +166,7 @@ class scheduler {
         sequence* seq = nullptr;
         int64_t n = 0;      // prompt tokens in this piece
         bool last = false;  // the prompt's last piece: the step picks its first token
+        int64_t mark = 0;   // a prefix-cache checkpoint position inside the piece (prefix_cache::next_piece)
     };
     std::vector<chunk_plan> next_chunks(int64_t decode_rows);
     void step();

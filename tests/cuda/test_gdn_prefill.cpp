@@ -38,6 +38,7 @@ constexpr double TOL_GDN_SAME_MATH = 5e-6;
 struct gdn_sequences {
     pair_of_backends& p;
     std::vector<std::unique_ptr<seq_state>> cpu, gpu;
+    std::vector<std::unique_ptr<seq_state>> cpu_mark, gpu_mark;  // checkpoints taken at marks, by sequence
     uint32_t seed = 5000;
     gdn_mode gpu_mode;  // auto_select: the chunked form for prefill spans; recurrent: the token scan
 
@@ -46,18 +47,28 @@ struct gdn_sequences {
             cpu.push_back(p.cpu->new_state(capacity));
             gpu.push_back(p.gpu->new_state(capacity));
         }
+        cpu_mark.resize((size_t)n), gpu_mark.resize((size_t)n);
     }
 
-    // One step over spans {(sequence, rows)} laid out in this order; returns the relative error of the
-    // gated-normed output over the whole batch.
-    double step(const std::vector<std::pair<int, int>>& parts) {
+    // One step over spans {(sequence, rows)} laid out in this order, marks[i] > 0: part i takes a checkpoint
+    // after that many rows (into cpu_mark / gpu_mark); returns the relative error of the gated-normed output over
+    // the whole batch.
+    double step(const std::vector<std::pair<int, int>>& parts, const std::vector<int>& marks = {}) {
         const model_config& c = p.m.cfg;
         const gdn_weights& w = p.m.w.layers[0].gdn;
         int64_t T = 0;
         std::vector<seq_span> sc, sg;
-        for (auto [s, n] : parts) {
+        for (size_t i = 0; i < parts.size(); i++) {
+            const auto [s, n] = parts[i];
             sc.push_back({cpu[(size_t)s].get(), T, n, cpu[(size_t)s]->n_past()});
             sg.push_back({gpu[(size_t)s].get(), T, n, gpu[(size_t)s]->n_past()});
+            if (i < marks.size() && marks[i] > 0) {
+                cpu_mark[(size_t)s] = p.cpu->new_state(0), gpu_mark[(size_t)s] = p.gpu->new_state(0);
+                sc.back().mark_state = cpu_mark[(size_t)s].get(), sg.back().mark_state = gpu_mark[(size_t)s].get();
+                sc.back().mark = sg.back().mark = marks[i];
+                cpu_mark[(size_t)s]->set_n_past(sc.back().pos0 + marks[i]);
+                gpu_mark[(size_t)s]->set_n_past(sg.back().pos0 + marks[i]);
+            }
             T += n;
         }
         twin qkv(p, T, c.lin_conv_dim(), seed++), z(p, T, c.lin_value_dim(), seed++), b(p, T, c.lin_v_heads, seed++),
@@ -115,9 +126,39 @@ void check_prefill(pair_of_backends& p, gdn_mode gpu_mode) {
            TOL_GDN_PREFILL);
 }
 
+// Spans with a mark (seq_span::mark: a prefix-cache checkpoint taken inside the step): the outputs of the step,
+// and the checkpoint restored into another sequence and continued (a prefill span, then decode steps), against
+// the CPU, which takes it by running the span as two parts. Marks inside the conv window of the span's start
+// (1, 2: part of the checkpoint's window comes from the old one), at and beside chunk boundaries, one row
+// before the span's end; beside a decode row, after a prompt.
+void check_marks(pair_of_backends& p, gdn_mode gpu_mode) {
+    constexpr int A = 0, B = 1, C = 2;
+    const char* form = gpu_mode == gdn_mode::recurrent ? "token scan" : "chunked";
+    for (int mark : {1, 2, 3, 40, 63, 64, 65, 129}) {
+        gdn_sequences seqs(p, 3, 1024, gpu_mode);
+        const std::string what = std::string(form) + ", mark " + std::to_string(mark);
+        EXPECT_LT(seqs.step({{A, 50}, {C, 1}}), TOL_GDN_PREFILL) << what;
+        EXPECT_LT(seqs.step({{C, 1}, {A, 130}}, {0, mark}), TOL_GDN_PREFILL) << what << ": the marked step";
+        const int64_t at = 50 + mark;
+        // the restores' KV rows come from A: the CPU's grow with attention, which this layer-0 test never runs
+        p.cpu->pretend_context(*seqs.cpu[A], seqs.cpu[A]->n_past());
+        p.cpu->restore(*seqs.cpu[B], *seqs.cpu_mark[A], *seqs.cpu[A], at);
+        p.gpu->restore(*seqs.gpu[B], *seqs.gpu_mark[A], *seqs.gpu[A], at);
+        EXPECT_EQ(seqs.gpu[B]->n_past(), at);
+        EXPECT_LT(seqs.step({{B, 70}, {A, 1}}), TOL_GDN_PREFILL) << what << ": a span from the checkpoint";
+        EXPECT_LT(seqs.step({{B, 1}}), TOL_GDN_PREFILL) << what << ": decode after it";
+        p.cpu->restore(*seqs.cpu[C], *seqs.cpu_mark[A], *seqs.cpu[A], at);
+        p.gpu->restore(*seqs.gpu[C], *seqs.gpu_mark[A], *seqs.gpu[A], at);
+        EXPECT_LT(seqs.step({{C, 1}}), TOL_GDN_PREFILL) << what << ": decode from the checkpoint";
+        EXPECT_LT(seqs.step({{C, 1}, {B, 1}}), TOL_GDN_PREFILL) << what;
+    }
+}
+
 void check_prefill_both_forms(pair_of_backends& p) {
     check_prefill(p, gdn_mode::auto_select);
     check_prefill(p, gdn_mode::recurrent);
+    check_marks(p, gdn_mode::auto_select);
+    check_marks(p, gdn_mode::recurrent);
 }
 
 // One long span through the prefill path vs the same rows one decode step at a time (the decode kernel), on

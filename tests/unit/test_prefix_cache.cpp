@@ -13,6 +13,7 @@
 #include "runtime/scheduler.h"
 #include "runtime/text_engine.h"
 #include "scheduler_test_util.h"
+#include "test_util.h"
 #include "tokenizer/chat_template.h"
 
 namespace tansy {
@@ -120,6 +121,55 @@ void continue_exactly(bool kv_fp8) {
 TEST(prefix_cache, restored_state_continues_exactly) { continue_exactly(false); }
 TEST(prefix_cache, restored_state_continues_exactly_fp8_kv) { continue_exactly(true); }
 
+// A step cut at a mark sums in other groups (the chunked DeltaNet form's chunks, matrix products over other row
+// counts): fp32 rounding, ~1e-6 relative on the logits.
+constexpr double TOL_MARK_SPLIT = 1e-5;
+
+// A checkpoint taken inside a step (seq_span::mark) is the state of a piece that ends there, up to rounding, for
+// a mark inside the conv window of the step's start, at and beside the chunked form's 64-row chunks, and one
+// row before the step's end; the marked step's own logits are unchanged.
+TEST(prefix_cache, a_mark_inside_a_step_is_the_state_of_a_piece_ending_there) {
+    engine_options eo;
+    eo.backend = "cpu";
+    eo.threads = 1;
+    engine eng(eo);
+    backend& be = eng.be();
+    const std::vector<int32_t> prompt = render(conversation(
+        "Which function expands an RRULE into dates, which one validates an event's time zone, and which one writes "
+        "a calendar back to a file? Name each in full and say in one sentence what it returns."));
+    const int64_t n = (int64_t)prompt.size(), pre = 9, len = 140;
+    ASSERT_GT(n, pre + len + 20);
+    const std::vector<int32_t> head(prompt.begin(), prompt.begin() + pre), piece(prompt.begin() + pre, prompt.begin() + pre + len),
+        tail(prompt.begin() + pre + len, prompt.end());
+    auto unmarked = eng.new_sequence(n);
+    eng.step(*unmarked, head, logits_rows::none);
+    const std::vector<float> want_piece = eng.step(*unmarked, piece, logits_rows::all);
+    for (int64_t mark : {int64_t(2), int64_t(64), int64_t(65), len - 1}) {
+        SCOPED_TRACE("mark " + std::to_string(mark));
+        auto a = eng.new_sequence(n), b = eng.new_sequence(n);
+        eng.step(*a, head, logits_rows::none);
+        eng.step(*b, head, logits_rows::none);
+        std::unique_ptr<seq_state> ms = be.new_state(0);
+        const std::vector<float> got_piece = eng.fwd().run_host(piece, *a, logits_rows::all, span_mark{ms.get(), mark});
+        EXPECT_EQ(ms->n_past(), pre + mark);
+        EXPECT_EQ(a->n_past(), pre + len);
+        // the piece cut at the mark instead
+        eng.step(*b, {piece.begin(), piece.begin() + mark}, logits_rows::none);
+        eng.step(*b, {piece.begin() + mark, piece.end()}, logits_rows::none);
+        const std::vector<float> tail_ref = eng.step(*b, tail, logits_rows::all);
+        // restored from the mark (KV rows from a), the rest of the piece and the tail continue as b did
+        auto c = eng.new_sequence(n);
+        be.restore(*c, *ms, *a, pre + mark);
+        eng.step(*c, {piece.begin() + mark, piece.end()}, logits_rows::none);
+        EXPECT_LT(test::rel_error(eng.step(*c, tail, logits_rows::all), tail_ref), TOL_MARK_SPLIT);
+        // the marked step's logits: its rows after the mark as the cut piece's second part computed them, and
+        // the same tail after it
+        EXPECT_LT(test::rel_error(eng.step(*a, tail, logits_rows::all), tail_ref), TOL_MARK_SPLIT);
+        ASSERT_EQ(got_piece.size(), want_piece.size());
+        EXPECT_LT(test::rel_error(got_piece, want_piece), TOL_MARK_SPLIT) << "the mark leaves the step's output";
+    }
+}
+
 // ---- store level
 
 TEST(prefix_cache, lookup_leaves_a_token_and_absorbs_extended_entries) {
@@ -211,7 +261,68 @@ TEST(prefix_cache, marks_keep_their_distance_from_the_restored_prefix) {
     EXPECT_FALSE(std::binary_search(without_d.begin(), without_d.end(), d));
 }
 
+TEST(prefix_cache, next_piece_takes_a_mark_inside_or_ends_there) {
+    using pc = prefix_cache;
+    const int64_t L = k_marked_span_min_rows;
+    auto piece = [](const std::vector<int64_t>& marks, int64_t at, int64_t max_n, int64_t T) {
+        const pc::piece k = pc::next_piece(marks, at, max_n, T);
+        return std::make_pair(k.end, k.mark);
+    };
+    using P = std::pair<int64_t, int64_t>;
+    EXPECT_EQ(piece({}, 0, 100, 1000), P(100, 0));
+    EXPECT_EQ(piece({}, 950, 100, 1000), P(1000, 0));
+    EXPECT_EQ(piece({500}, 0, 100, 1000), P(100, 0)) << "a mark past the budget";
+    EXPECT_EQ(piece({100}, 0, 100, 1000), P(100, 0)) << "a mark at the piece's end is its end";
+    EXPECT_EQ(piece({995}, 900, 200, 1000), P(1000, 995)) << "a chat turn's last <|im_start|>: taken in the step";
+    EXPECT_EQ(piece({300, 700}, 200, 2048, 1000), P(700, 300)) << "one mark a piece: it ends at the next";
+    EXPECT_EQ(piece({210}, 200, 2048, 200 + L - 1), P(210, 0)) << "too short to carry it";
+    EXPECT_EQ(piece({210}, 200, 2048, 200 + L), P(200 + L, 210));
+    EXPECT_EQ(piece({210, 220}, 200, 2048, 1000), P(210, 0)) << "the next mark too close";
+    EXPECT_EQ(piece({100, 200}, 150, 2048, 1000), P(1000, 200)) << "marks at or before `at` are behind";
+}
+
 // ---- scheduler: token-exact with and without the cache
+
+// A chat turn runs in one forward step: the checkpoint before its last <|im_start|> (where the next turn leaves
+// this one) is taken inside the step, and the next turn restores it and runs in one step too.
+TEST(prefix_cache, a_chat_turn_runs_in_one_step_with_its_turn_checkpoint) {
+    prefix_cache_options po = small_blocks();
+    po.min_mark_gap = 128;  // the server's default: no mark right after where the prefill starts
+    po.snapshot_interval = 0;
+    prefix_cache pc(tiny().eng().be(), po);
+    scheduler_options so;
+    so.cache = &pc;
+    scheduler s(tiny().eng(), so);
+    const int32_t im_start = tiny().tok().find("<|im_start|>");
+    auto last_turn = [&](const std::vector<int32_t>& p) {
+        return (int64_t)(std::find(p.rbegin(), p.rend(), im_start).base() - 1 - p.begin());
+    };
+    std::string question = "How do I find all events on a given day?";
+    for (int i = 0; i < 6; i++) question += " The calendar has recurring events, exceptions and several time zones.";
+    ojson msgs = conversation(question);
+    int64_t restored = 0;  // where the turn's checkpoint is: the next turn restores it
+    for (int turn = 1; turn <= 2; turn++) {
+        const std::vector<int32_t> p = render(msgs);
+        const int64_t mark = last_turn(p);
+        ASSERT_GE(mark - restored, po.min_mark_gap) << "turn " << turn << ": its mark is planned";
+        const uint64_t steps = s.stats().steps;
+        const outcome o = run(s, (uint64_t)turn, p, 1);
+        for (int i = 0; i < 2000 && s.stats().steps == steps; i++) std::this_thread::sleep_for(1ms);
+        EXPECT_EQ(o.ids, reference_greedy(p, 1)) << "turn " << turn;
+        EXPECT_EQ(o.fin.cached_tokens, restored) << "turn " << turn;
+        EXPECT_EQ(s.stats().steps - steps, 1u) << "turn " << turn << ": one forward pass";
+        // a prompt that leaves this one right after its last <|im_start|> restores exactly the checkpoint there
+        std::vector<int32_t> other(p.begin(), p.begin() + mark + 1);
+        other.push_back(p[(size_t)mark + 1] + 1);
+        other.push_back(p[(size_t)mark + 1] + 2);
+        EXPECT_EQ(pc.lookup(other).tokens(), mark) << "turn " << turn;
+        restored = mark;
+        std::string answer;
+        for (int i = 0; i < 12; i++) answer += "Call rules.expand(start, end) and keep the events of that day. ";
+        msgs.push_back({{"role", "assistant"}, {"content", answer}});
+        msgs.push_back({{"role", "user"}, {"content", "And for a whole week?"}});
+    }
+}
 
 TEST(prefix_cache, second_chat_turn_is_exact_and_cached) {
     prefix_cache pc(tiny().eng().be(), small_blocks());
@@ -332,6 +443,10 @@ TEST(prefix_cache, a_next_call_that_fits_one_piece_runs_in_one_step) {
     const std::vector<int32_t> result = plain_text(60);
     p2.insert(p2.end(), result.begin(), result.end());
     ASSERT_GT((int64_t)result.size(), 2 * small_blocks().snapshot_interval) << "the rest crosses interval positions";
+    {
+        const std::vector<int64_t> mk = pc.plan(p2, 0);
+        for (auto m : mk) printf("mark %lld\n", (long long)m);
+    }
     const uint64_t steps = s.stats().steps;
     const outcome o = run(s, 2, p2, 1);
     // (the finish event comes from inside the step, before the step is counted)

@@ -378,11 +378,24 @@ void cpu_backend::gdn(const tensor& out, const tensor& qkv, const tensor& z, con
     const model_config& c = cfg_;
     const int64_t T = qkv.rows, C = c.lin_conv_dim(), K = c.conv_kernel, Hk = c.lin_k_heads, Hv = c.lin_v_heads,
                   dk = c.lin_k_dim, dv = c.lin_v_dim, kd = Hk * dk;
+    // A span with a mark runs as two parts, [0, mark) and [mark, n): between them its conv tail and S go to the
+    // mark's state (the chunked form's chunks start again at the mark, as CUDA cuts them).
+    auto save_mark = [&](const seq_span& s, bool conv_part) {
+        auto* st = static_cast<cpu_state*>(s.state);
+        auto* ms = static_cast<cpu_state*>(s.mark_state);
+        auto& dst = conv_part ? ms->conv[(size_t)slot] : ms->S[(size_t)slot];
+        dst = conv_part ? st->conv[(size_t)slot] : st->S[(size_t)slot];
+    };
     std::vector<float> y((size_t)(T * C));
     for (const seq_span& s : spans) {
         auto* st = static_cast<cpu_state*>(s.state);
-        cpu::conv1d_silu(y.data() + s.row0 * C, f32(qkv) + s.row0 * C, st->conv[(size_t)slot].data(), w.conv.data(),
-                         s.n, C, K);
+        const int64_t parts[3] = {0, s.mark_state ? s.mark : s.n, s.n};
+        for (int i = 0; i < 2 && parts[i] < s.n; i++) {
+            if (i == 1) save_mark(s, true);
+            const int64_t r = s.row0 + parts[i];
+            cpu::conv1d_silu(y.data() + r * C, f32(qkv) + r * C, st->conv[(size_t)slot].data(), w.conv.data(),
+                             parts[i + 1] - parts[i], C, K);
+        }
     }
     // Split [q | k | v], L2-normalise q and k per key head (q also scaled by 1/sqrt(dk)), §4.3-4.4.
     std::vector<float> q((size_t)(T * kd)), kk((size_t)(T * kd)), vv((size_t)(T * Hv * dv));
@@ -411,15 +424,20 @@ void cpu_backend::gdn(const tensor& out, const tensor& qkv, const tensor& z, con
     std::vector<float> o((size_t)(T * Hv * dv));
     for (const seq_span& s : spans) {
         auto* st = static_cast<cpu_state*>(s.state);
-        cpu::delta_args da{q.data() + s.row0 * kd,       kk.data() + s.row0 * kd, vv.data() + s.row0 * Hv * dv,
-                           beta.data() + s.row0 * Hv,    g.data() + s.row0 * Hv,  st->S[(size_t)slot].data(),
-                           o.data() + s.row0 * Hv * dv, s.n,                     Hk,
-                           Hv,                           dk,                      dv};
         const bool recurrent = mode == gdn_mode::recurrent || (mode == gdn_mode::auto_select && s.n == 1);
-        if (recurrent)
-            cpu::delta_rule_recurrent(da);
-        else
-            cpu::delta_rule_chunked(da);
+        const int64_t parts[3] = {0, s.mark_state ? s.mark : s.n, s.n};
+        for (int i = 0; i < 2 && parts[i] < s.n; i++) {
+            if (i == 1) save_mark(s, false);
+            const int64_t r = s.row0 + parts[i];
+            cpu::delta_args da{q.data() + r * kd,       kk.data() + r * kd,      vv.data() + r * Hv * dv,
+                               beta.data() + r * Hv,    g.data() + r * Hv,       st->S[(size_t)slot].data(),
+                               o.data() + r * Hv * dv, parts[i + 1] - parts[i], Hk,
+                               Hv,                      dk,                      dv};
+            if (recurrent)
+                cpu::delta_rule_recurrent(da);
+            else
+                cpu::delta_rule_chunked(da);
+        }
     }
     cpu::gated_rms_norm(f32(out), o.data(), f32(z), w.norm.data(), T, Hv, dv, c.eps);
 }

@@ -154,7 +154,7 @@ class cuda_backend final : public backend {
         ws_tiles_.epoch = ws_y_.epoch = ws_gdn_work_.epoch = &epoch_;
         ws_a16_.epoch = ws_m16_.epoch = ws_h16_.epoch = &epoch_;
         ws_split_.epoch = &epoch_;
-        rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = &epoch_;
+        rows_dev_.epoch = spans_dev_.epoch = seqs_dev_.epoch = marks_dev_.epoch = &epoch_;
         tap_ = device_buffer((size_t)(cfg.n_experts + 1) * k_tap_stride * 8);
         CUDA_CHECK(cudaMemset(tap_.get(), 0, tap_.size()));
         CUDA_CHECK(cudaStreamSynchronize(0));
@@ -335,9 +335,14 @@ class cuda_backend final : public backend {
         attention_prefill(p, stream_);  // rows of the longer spans (prompts)
     }
 
+    // A span with a mark takes the prefill path (gdn_prefill.cu), which writes the checkpoint.
+    static_assert(k_marked_span_min_rows > k_gdn_recur_max_rows, "marked spans must be prefill spans");
     void gdn(const tensor& out, const tensor& qkv, const tensor& z, const tensor& b, const tensor& a,
              const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode mode) override {
         use_kernel_plan(&plan_);
+        for (const seq_span& sp : spans)
+            TANSY_CHECK(!sp.mark_state || (sp.mark > 0 && sp.mark < sp.n && sp.n >= k_marked_span_min_rows),
+                        "cuda gdn: a span of %lld rows marked at %lld", (long long)sp.n, (long long)sp.mark);
         prepare_batch(spans, (int)qkv.rows);
         gdn_params p;
         p.qkv = f32(qkv), p.b = f32(b), p.a = f32(a), p.z = f32(z);
@@ -347,11 +352,14 @@ class cuda_backend final : public backend {
         p.norm_w = weights_.vec({w.norm.data(), (int64_t)w.norm.size()});
         p.T = (int)qkv.rows, p.Hk = (int)cfg_.lin_k_heads, p.Hv = (int)cfg_.lin_v_heads;
         p.dk = (int)cfg_.lin_k_dim, p.dv = (int)cfg_.lin_v_dim, p.K = (int)cfg_.conv_kernel, p.eps = cfg_.eps;
-        p.spans = spans_dev_.get(), p.seqs = seqs_dev_.get(), p.n_spans = (int)spans.size();
+        p.spans = spans_dev_.get(), p.seqs = seqs_dev_.get(), p.marks = marks_dev_.get(), p.n_spans = (int)spans.size();
         p.shape = batch_shape_, p.slot = slot;
         p.o = ws_gdn_o_.ensure((size_t)out.numel());
         p.chunked = mode != gdn_mode::recurrent;  // prompts in the chunk-parallel form unless told otherwise
-        for (const seq_span& sp : spans) p.max_span = std::max(p.max_span, (int)sp.n);
+        for (const seq_span& sp : spans) {
+            p.max_span = std::max(p.max_span, (int)sp.n);
+            p.any_mark |= sp.mark_state != nullptr;
+        }
         if (p.T - (p.n_spans - 1) > k_gdn_recur_max_rows)  // some span may take the prefill path (gdn_forward)
             p.work = ws_gdn_work_.ensure(gdn_prefill_workspace_floats(p.T, p.Hk, p.Hv, p.dk, p.dv, p.chunked));
         p.out = f32(out);
@@ -797,20 +805,22 @@ class cuda_backend final : public backend {
     void prepare_batch(const std::vector<seq_span>& spans, int T) {
         std::vector<drow> rows((size_t)T);
         std::vector<dspan> sp;
-        std::vector<dseq> sq;
+        std::vector<dseq> sq, mk;
         int64_t cap = 0;
         for (size_t i = 0; i < spans.size(); i++) {
             const seq_span& s = spans[i];
             for (int64_t r = 0; r < s.n; r++) rows[(size_t)(s.row0 + r)] = {(int32_t)i, (int32_t)r};
-            sp.push_back({(int32_t)s.row0, (int32_t)s.n});
+            sp.push_back({(int32_t)s.row0, (int32_t)s.n, s.mark_state ? (int32_t)s.mark : 0});
             sq.push_back(static_cast<cuda_state*>(s.state)->dev());
+            mk.push_back(s.mark_state ? static_cast<cuda_state*>(s.mark_state)->dev() : dseq{});
             cap = i == 0 ? s.state->capacity() : std::min(cap, s.state->capacity());
             TANSY_CHECK(i == 0 || s.state->capacity() == cap, "cuda: sequences of one batch need equal capacity");
         }
         const bool same = rows.size() == rows_cache_.size() && sp.size() == spans_cache_.size() &&
                           memcmp(rows.data(), rows_cache_.data(), rows.size() * sizeof(drow)) == 0 &&
                           memcmp(sp.data(), spans_cache_.data(), sp.size() * sizeof(dspan)) == 0 &&
-                          memcmp(sq.data(), seqs_cache_.data(), sq.size() * sizeof(dseq)) == 0;
+                          memcmp(sq.data(), seqs_cache_.data(), sq.size() * sizeof(dseq)) == 0 &&
+                          memcmp(mk.data(), marks_cache_.data(), mk.size() * sizeof(dseq)) == 0;
         if (same) return;
         TANSY_CHECK(!capturing_, "the batch structure changed during graph capture");
         CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -822,8 +832,9 @@ class cuda_backend final : public backend {
         put(rows_dev_.ensure(std::max(rows.size() + 1, k_min_batch_tables)), rows.data(), rows.size() * sizeof(drow));
         put(spans_dev_.ensure(std::max(sp.size() + 1, k_min_batch_tables)), sp.data(), sp.size() * sizeof(dspan));
         put(seqs_dev_.ensure(std::max(sq.size() + 1, k_min_batch_tables)), sq.data(), sq.size() * sizeof(dseq));
+        put(marks_dev_.ensure(std::max(mk.size() + 1, k_min_batch_tables)), mk.data(), mk.size() * sizeof(dseq));
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vectors are freed on return
-        rows_cache_ = rows, spans_cache_ = sp, seqs_cache_ = sq;
+        rows_cache_ = rows, spans_cache_ = sp, seqs_cache_ = sq, marks_cache_ = mk;
         batch_shape_ = sh_;
         batch_shape_.capacity = cap;
     }
@@ -854,11 +865,11 @@ class cuda_backend final : public backend {
 
     std::vector<drow> rows_cache_;
     std::vector<dspan> spans_cache_;
-    std::vector<dseq> seqs_cache_;
+    std::vector<dseq> seqs_cache_, marks_cache_;
     std::vector<int32_t> gather_cache_;
     dev_array<drow> rows_dev_;
     dev_array<dspan> spans_dev_;
-    dev_array<dseq> seqs_dev_;
+    dev_array<dseq> seqs_dev_, marks_dev_;
     dev_array<int32_t> gather_rows_dev_, ws_idx_, ws_perm_, ws_pos_, ws_ntiles_;
     dev_array<gemm_tile> ws_tiles_;
     // fast-GEMM A operands as fp16: a dense call's input; the MoE's normalised input and SwiGLU outputs

@@ -31,6 +31,9 @@ struct gdn_params {
     // batch and state: the spans tile the T rows in order, each with at least one row
     const dspan* spans = nullptr;  // [n_spans]
     const dseq* seqs = nullptr;    // [n_spans], same order
+    // [n_spans]: for a span with dspan::mark > 0, the checkpoint state that receives its conv window (parity 0),
+    // S and meta {position, 0} at the mark (seq_span::mark); other entries are not read
+    const dseq* marks = nullptr;
     int n_spans = 0;
     dshape shape;
     int slot = 0;
@@ -41,6 +44,7 @@ struct gdn_params {
     float* work = nullptr;
     bool chunked = true;  // prefill spans in the chunk-parallel form (MODEL.md §4.7), else token by token
     int max_span = 0;     // rows of the longest span (required by the chunked form: its grid's chunk count)
+    bool any_mark = false;  // some span has a mark (its chunks restart there: one chunk more at most)
     // outputs
     float* o = nullptr;    // [T, Hv*dv] delta-rule output (before the gated norm); the prefill path stages v here
     float* out = nullptr;  // [T, Hv*dv] gated-normed

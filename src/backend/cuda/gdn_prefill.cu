@@ -62,13 +62,17 @@ __device__ __noinline__ float conv_span_head(const float* qkv, const float* conv
 // k^ = k rsqrt(|k|^2 + 1e-6) -> work; v -> p.o in place (the scan reads v[t,h,j] from the address it then writes
 // o[t,h,j] to, in the same block); beta = sigmoid(b), alpha = exp(-exp(A_log) softplus(a + dt_bias)) -> work as
 // [Hv, T, 2] (contiguous per head for the scan); the span's last K-1 raw rows -> the other parity buffer (decode
-// reads it once advance_seqs has flipped the parity).
+// reads it once advance_seqs has flipped the parity). A span with a mark (dspan::mark) also writes the window
+// at the mark (its raw rows mark-P .. mark-1, older ones from the conv state) into its checkpoint's parity-0
+// buffer, and the checkpoint's meta {position, 0}.
 template <int K>
 __global__ void __launch_bounds__(DK) prep_kernel(const gdn_params p, int min_rows) {
     constexpr int P = K - 1;
     __shared__ int s_span[PREP_ROWS], s_off[PREP_ROWS], s_n[PREP_ROWS];
     __shared__ const float* s_cold[PREP_ROWS];  // the span's conv state (read parity)
     __shared__ float* s_cnew[PREP_ROWS];        // its next conv state (the other parity)
+    __shared__ float* s_cmark[PREP_ROWS];       // the checkpoint's window at the span's mark (nullptr: none)
+    __shared__ int s_mark[PREP_ROWS];
     __shared__ float s_red[2][PREP_ROWS][DK / 32];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int r0 = blockIdx.x * PREP_ROWS, unit = blockIdx.y;
@@ -91,6 +95,12 @@ __global__ void __launch_bounds__(DK) prep_kernel(const gdn_params p, int min_ro
         s_off[tid] = r0 + tid - s.row0, s_n[tid] = s.n;
         s_cold[tid] = conv_buf(sq, p.shape, p.slot, parity);
         s_cnew[tid] = conv_buf(sq, p.shape, p.slot, parity ^ 1);
+        s_mark[tid] = s.mark;
+        s_cmark[tid] = s.mark > 0 ? conv_buf(p.marks[s_span[tid]], p.shape, p.slot, 0) : nullptr;
+        if (s.mark > 0 && s_off[tid] == 0 && blockIdx.y == 0) {  // the checkpoint stands at pos0 + mark
+            p.marks[s_span[tid]].meta[0] = sq.meta[0] + s.mark;
+            p.marks[s_span[tid]].meta[1] = 0;
+        }
     }
     __syncthreads();
     bool any = false;
@@ -125,6 +135,13 @@ __global__ void __launch_bounds__(DK) prep_kernel(const gdn_params p, int min_ro
             y[rr] = siluf_(acc);
             const int slot = off - (s_n[rr] - P);  // place of this row in the new window
             if (slot >= 0) s_cnew[rr][(int64_t)slot * C + ch] = x[rr + P];
+            if (s_cmark[rr]) {  // the window at the mark: this row's place in it, and from the span's first row
+                                // the old window's entries it still holds (a mark closer than P to the start)
+                const int m = s_mark[rr], ms = off - (m - P);
+                if (ms >= 0 && ms < P) s_cmark[rr][(int64_t)ms * C + ch] = x[rr + P];
+                if (off == 0)
+                    for (int j = 0; j < P - m; j++) s_cmark[rr][(int64_t)j * C + ch] = s_cold[rr][(int64_t)(m + j) * C + ch];
+            }
         }
     };
 
@@ -290,6 +307,11 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params 
             o_part = (o4[0] + o4[1]) + (o4[2] + o4[3]);
             o_prev_at = o_at;
             o_at += vd;
+            if (t0 + t + 1 == sp.mark) {  // the checkpoint's state (block-uniform)
+                float* M = s_buf(p.marks[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0 + lc;
+#pragma unroll
+                for (int i = 0; i < 32; i++) M[(int64_t)(32 * quarter + i) * p.dv] = st[i];
+            }
         }
         __syncthreads();  // all warps are done with this buffer before the next iteration refills it
     }
@@ -370,6 +392,16 @@ __device__ __forceinline__ void stage_kq(const gdn_params& p, float* sk, float* 
     }
 }
 
+// Chunk c of a span: its rows [c0, c0 + nc), cut every CC rows from the span's start and, for a span with a mark,
+// again from the mark, so that the state at the mark is a chunk boundary (cpu::delta_rule_chunked over the two
+// parts cuts them so). false past the span's last chunk.
+__device__ __forceinline__ bool span_chunk(const dspan& s, int c, int& c0, int& nc) {
+    const int head = (s.mark + CC - 1) / CC;  // chunks before the mark (0 without one)
+    c0 = c < head ? c * CC : s.mark + (c - head) * CC;
+    nc = min(CC, (c < head ? s.mark : s.n) - c0);
+    return c0 < s.n;
+}
+
 __global__ void __launch_bounds__(CH_THREADS, 2) chunk_kernel(const gdn_params p, int min_rows) {
     extern __shared__ float4 smem_[];
     float* sk = reinterpret_cast<float*>(smem_);  // [CC][KP] k^ rows of the chunk (zeros past its end)
@@ -377,9 +409,9 @@ __global__ void __launch_bounds__(CH_THREADS, 2) chunk_kernel(const gdn_params p
     float* sL = sq + CC * KP;                     // [CC][MP] L
     __shared__ float s_gam[CC], s_beta[CC];
     const dspan sp = p.spans[blockIdx.z];
-    const int c0 = blockIdx.x * CC;
-    if (sp.n < min_rows || c0 >= sp.n) return;  // block-uniform
-    const int nc = min(CC, sp.n - c0), h = blockIdx.y, kh = h / (p.Hv / p.Hk), row0 = sp.row0 + c0;
+    int c0, nc;
+    if (sp.n < min_rows || !span_chunk(sp, (int)blockIdx.x, c0, nc)) return;  // block-uniform
+    const int h = blockIdx.y, kh = h / (p.Hv / p.Hk), row0 = sp.row0 + c0;
     const int tid = threadIdx.x;
     const int w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     float* wg = work_g(p);
@@ -499,8 +531,17 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
         st[nt][0] = lo.x, st[nt][1] = lo.y, st[nt][2] = hi.x, st[nt][3] = hi.y;
     }
 
-    for (int c0 = 0; c0 < sp.n; c0 += CC) {
-        const int nc = min(CC, sp.n - c0), row0 = sp.row0 + c0;
+    // the state slice from the accumulators to a [dk][dv] head state (this block's 32 columns)
+    auto store_state = [&](float* dst) {
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            *reinterpret_cast<float2*>(dst + (int64_t)srow * p.dv + 8 * nt + 2 * t) = make_float2(st[nt][0], st[nt][1]);
+            *reinterpret_cast<float2*>(dst + (int64_t)(srow + 8) * p.dv + 8 * nt + 2 * t) = make_float2(st[nt][2], st[nt][3]);
+        }
+    };
+    int c0, nc;
+    for (int c = 0; span_chunk(sp, c, c0, nc); c++) {
+        const int row0 = sp.row0 + c0;
         // stage the chunk (rows past nc zero-filled), and the state into shared memory
         stage_kq(p, sk, sq, row0, nc, kh, tid);
         for (int i = tid; i < CC * (CT / 4); i += CH_THREADS) {
@@ -603,13 +644,10 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) mma_tf32x3(st[nt], a, frag_b_rows(sD, RP, kb + t, 8 * nt + g));
         }
+        if (c0 + nc == sp.mark) store_state(s_buf(p.marks[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0);
         __syncthreads();  // everyone is done with this chunk's staging before the next one overwrites it
     }
-#pragma unroll
-    for (int nt = 0; nt < 4; nt++) {
-        *reinterpret_cast<float2*>(S + (int64_t)srow * p.dv + 8 * nt + 2 * t) = make_float2(st[nt][0], st[nt][1]);
-        *reinterpret_cast<float2*>(S + (int64_t)(srow + 8) * p.dv + 8 * nt + 2 * t) = make_float2(st[nt][2], st[nt][3]);
-    }
+    store_state(S);
 }
 
 template <int K>
@@ -642,7 +680,7 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream) {
         allow_dynamic_smem<chunk_scan_kernel>(CSCAN_SMEM);
         // chunks of the longest span (a block past its own span's end returns at once)
         TANSY_CHECK(p.max_span > 0 && p.max_span <= p.T, "cuda deltanet prefill: max_span %d (T %d)", p.max_span, p.T);
-        const int max_chunks = (p.max_span + CC - 1) / CC;
+        const int max_chunks = (p.max_span + CC - 1) / CC + (p.any_mark ? 1 : 0);
         chunk_kernel<<<dim3((unsigned)max_chunks, (unsigned)p.Hv, (unsigned)p.n_spans), CH_THREADS, CHUNK_SMEM, stream>>>(
             p, min_rows);
         CUDA_CHECK_LAUNCH();

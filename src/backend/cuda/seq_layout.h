@@ -35,6 +35,7 @@ struct drow {
 // A sequence's span in the batch.
 struct dspan {
     int32_t row0, n;
+    int32_t mark = 0;  // > 0: the recurrent state after the span's first `mark` rows also goes to a checkpoint
 };
 
 #if defined(__CUDACC__)
