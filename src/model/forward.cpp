@@ -132,15 +132,18 @@ tensor forward_pass::prefill(const tensor& ids, seq_state& st, logits_rows which
     if (st.n_past() + T > st.capacity())
         fail("sequence of %lld tokens exceeds the context capacity of %lld", (long long)(st.n_past() + T),
              (long long)st.capacity());
-    TANSY_CHECK(!mark.state || (mark.at > 0 && mark.at < T), "prefill: a mark at row %lld of %lld", (long long)mark.at,
-                (long long)T);
+    if (mark.state) {  // checked before any chunk changes st: the chunk holding the mark must be able to carry it
+        const int64_t r0 = mark.at / prefill_chunk * prefill_chunk, n = std::min(prefill_chunk, T - r0);
+        if (mark.at <= 0 || mark.at >= T || mark.at == r0 || n < k_marked_span_min_rows)
+            fail("prefill: a mark at row %lld of %lld (chunks of %lld rows; it must fall inside one of at least %lld)",
+                 (long long)mark.at, (long long)T, (long long)prefill_chunk, (long long)k_marked_span_min_rows);
+    }
     tensor logits;
     for (int64_t r0 = 0; r0 < T; r0 += prefill_chunk) {
         const int64_t n = std::min(prefill_chunk, T - r0);
         const bool final_chunk = r0 + n == T;
         const logits_rows w = final_chunk || which == logits_rows::all ? which : logits_rows::none;
         const bool marked = mark.state && mark.at > r0 && mark.at < r0 + n;
-        if (mark.state && mark.at == r0) fail("prefill: a mark at a chunk's start (row %lld)", (long long)r0);
         logits = run(ids.rows_view(r0, n),
                      {seq_span{&st, 0, n, st.n_past(), marked ? mark.state : nullptr, marked ? mark.at - r0 : 0}}, w);
         if (which == logits_rows::all) on_chunk(logits, r0);

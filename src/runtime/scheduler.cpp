@@ -181,13 +181,14 @@ void scheduler::update_mask(sequence& s) {
 }
 
 // Bytes of state the running sequences hold: what admission charged them (a state that grows on demand shows
-// less until filled), and the checkpoints their prompts have taken so far (not yet in the cache).
+// less until filled), and the checkpoints their prompts have taken so far (not yet in the cache) or are taking.
 size_t scheduler::running_bytes() const {
     size_t bytes = 0;
     for (const auto& s : active_) {
         if (!s) continue;
         bytes += std::max(s->need, s->st ? s->st->bytes() : 0);
         for (const auto& cp : s->cps) bytes += cp ? cp->bytes() : 0;
+        if (s->mark_state) bytes += s->mark_state->bytes();
     }
     return bytes;
 }
@@ -355,6 +356,7 @@ void scheduler::drain() {
                 TANSY_WARN("scheduler: a prefix cache snapshot failed: %s", e.what());
             }
         }
+        s.mark_state.reset();  // one the step filled but that was not kept (the sequence ended meanwhile)
         if (p.chunks[c].last && !s.done) {
             s.started = true;
             prompt_total_ += s.req.prompt.size();

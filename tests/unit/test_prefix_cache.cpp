@@ -443,10 +443,6 @@ TEST(prefix_cache, a_next_call_that_fits_one_piece_runs_in_one_step) {
     const std::vector<int32_t> result = plain_text(60);
     p2.insert(p2.end(), result.begin(), result.end());
     ASSERT_GT((int64_t)result.size(), 2 * small_blocks().snapshot_interval) << "the rest crosses interval positions";
-    {
-        const std::vector<int64_t> mk = pc.plan(p2, 0);
-        for (auto m : mk) printf("mark %lld\n", (long long)m);
-    }
     const uint64_t steps = s.stats().steps;
     const outcome o = run(s, 2, p2, 1);
     // (the finish event comes from inside the step, before the step is counted)
