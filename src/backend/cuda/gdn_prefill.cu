@@ -353,7 +353,9 @@ constexpr int CT = 32;       // value columns per scan block
 constexpr int RP = CT + 8;   // rows of the 32-column operands (v, R, Delta, the state)
 static_assert(CC == 64 && CH_THREADS == 256 && DK == 128 && CT == 32, "the warp tilings below");
 constexpr size_t CHUNK_SMEM = (size_t)(2 * CC * KP + CC * MP) * sizeof(float);  // 85 KB: two blocks per SM
-constexpr size_t CSCAN_SMEM = (size_t)(2 * CC * KP + 3 * CC * RP + 2 * CC * MP + DK * RP + 2 * CC) * sizeof(float);  // 154 KB
+// the scan: k^, q^, R, Delta and the state once; v, Tinv, A and (beta, gamma) twice (the next chunk's land while this
+// one is computed)
+constexpr size_t CSCAN_SMEM = (size_t)(2 * CC * KP + 2 * CC * RP + DK * RP + 2 * (CC * RP + 2 * CC * MP + 2 * CC)) * sizeof(float);  // 199 KB
 
 __device__ __forceinline__ float* work_tinv(const gdn_params& p) {
     return p.work + gdn_work_chunk_offset(p.T, p.Hk, p.Hv, DK);
@@ -379,17 +381,19 @@ __device__ __forceinline__ void store_acc(float* m, int ld, int r0, int c, const
     *reinterpret_cast<float2*>(m + (r0 + 8) * ld + c) = make_float2(acc[2], acc[3]);
 }
 
-// Stages rows row0 .. row0 + nc - 1 of key head kh's k^ and q^ into [CC][KP] (rows past nc zero-filled), by
-// cp.async (the caller commits).
-__device__ __forceinline__ void stage_kq(const gdn_params& p, float* sk, float* sq, int row0, int nc, int kh, int tid) {
-    const float *wq = work_q(p), *wk = work_k(p);
+// Stages rows row0 .. row0 + nc - 1 of key head kh's k^ (src = work_k) or q^ (work_q) into [CC][KP] (rows past nc
+// zero-filled), by cp.async (the caller commits).
+__device__ __forceinline__ void stage_rows(const gdn_params& p, float* dst, const float* src, int row0, int nc, int kh,
+                                           int tid) {
     const int kd = p.Hk * DK;
     for (int i = tid; i < CC * (DK / 4); i += CH_THREADS) {
         const int r = i / (DK / 4), c4 = (i % (DK / 4)) * 4;
-        const int64_t src = (int64_t)(row0 + min(r, nc - 1)) * kd + kh * DK + c4;
-        cp_async16_zfill(sk + r * KP + c4, wk + src, r < nc);
-        cp_async16_zfill(sq + r * KP + c4, wq + src, r < nc);
+        cp_async16_zfill(dst + r * KP + c4, src + (int64_t)(row0 + min(r, nc - 1)) * kd + kh * DK + c4, r < nc);
     }
+}
+__device__ __forceinline__ void stage_kq(const gdn_params& p, float* sk, float* sq, int row0, int nc, int kh, int tid) {
+    stage_rows(p, sk, work_k(p), row0, nc, kh, tid);
+    stage_rows(p, sq, work_q(p), row0, nc, kh, tid);
 }
 
 // Chunk c of a span: its rows [c0, c0 + nc), cut every CC rows from the span's start and, for a span with a mark,
@@ -506,13 +510,12 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
     extern __shared__ float4 smem_[];
     float* sk = reinterpret_cast<float*>(smem_);  // [CC][KP] k^
     float* sq = sk + CC * KP;                     // [CC][KP] q^
-    float* sv = sq + CC * KP;                     // [CC][RP] v (the block's columns)
-    float* sR = sv + CC * RP;                     // [CC][RP] R
+    float* sR = sq + CC * KP;                     // [CC][RP] R
     float* sD = sR + CC * RP;                     // [CC][RP] Delta
-    float* sT = sD + CC * RP;                     // [CC][MP] Tinv
-    float* sA = sT + CC * MP;                     // [CC][MP] A
-    float* sS = sA + CC * MP;                     // [DK][RP] the state slice
-    float* sg = sS + DK * RP;                     // [CC][2] (beta, gamma)
+    float* sS = sD + CC * RP;                     // [DK][RP] the state slice
+    // per chunk parity b: v (the block's columns) [CC][RP], Tinv and A [CC][MP], (beta, gamma) [CC][2]
+    constexpr int BUF = CC * RP + 2 * CC * MP + 2 * CC;
+    float* const sbuf = sS + DK * RP;
     __shared__ float s_el[CC];                    // e^(gamma_last - gamma_r), 0 past the chunk's end
     const dspan sp = p.spans[blockIdx.x];
     if (sp.n < min_rows) return;
@@ -539,11 +542,9 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
             *reinterpret_cast<float2*>(dst + (int64_t)(srow + 8) * p.dv + 8 * nt + 2 * t) = make_float2(st[nt][2], st[nt][3]);
         }
     };
-    int c0, nc;
-    for (int c = 0; span_chunk(sp, c, c0, nc); c++) {
-        const int row0 = sp.row0 + c0;
-        // stage the chunk (rows past nc zero-filled), and the state into shared memory
-        stage_kq(p, sk, sq, row0, nc, kh, tid);
+    // a chunk's v, Tinv, A and (beta, gamma) into buffer b (rows past nc zero-filled; the gates only up to nc)
+    auto stage_rest = [&](int b, int row0, int nc) {
+        float *sv = sbuf + b * BUF, *sT = sv + CC * RP, *sA = sT + CC * MP, *sg = sA + CC * MP;
         for (int i = tid; i < CC * (CT / 4); i += CH_THREADS) {
             const int r = i / (CT / 4), c4 = (i % (CT / 4)) * 4;
             cp_async16_zfill(sv + r * RP + c4, p.o + (int64_t)(row0 + min(r, nc - 1)) * vd + h * p.dv + col0 + c4, r < nc);
@@ -555,11 +556,27 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
             cp_async16_zfill(sA + r * MP + c4, amat + src, r < nc);
         }
         for (int r = tid; r < nc; r += CH_THREADS) cp_async8(sg + 2 * r, wg + ((int64_t)h * p.T + row0 + r) * 2);
+    };
+    // Chunk c's q^ and the rest land while chunk c-1 is computed (q^ once chunk c-1's Q S is done, the rest into the
+    // other buffer at its start); its k^ is read by chunk c-1's state update, so it is staged after it.
+    int c0, nc;
+    if (!span_chunk(sp, 0, c0, nc)) return;  // (a span has rows)
+    stage_rows(p, sq, work_q(p), sp.row0 + c0, nc, kh, tid);
+    stage_rest(0, sp.row0 + c0, nc);
+    cp_async_commit();
+    for (int ci = 0;; ci++) {
+        const int row0 = sp.row0 + c0;
+        float *sv = sbuf + (ci & 1) * BUF, *sT = sv + CC * RP, *sA = sT + CC * MP, *sg = sA + CC * MP;
+        stage_rows(p, sk, work_k(p), row0, nc, kh, tid);
         cp_async_commit();
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) store_acc(sS, RP, srow, 8 * nt + 2 * t, st[nt]);
         cp_async_wait<0>();
         __syncthreads();
+        int n0 = 0, nn = 0;
+        const bool more = span_chunk(sp, ci + 1, n0, nn);
+        if (more) stage_rest((ci + 1) & 1, sp.row0 + n0, nn);  // its buffer was last read by chunk c-1
+        cp_async_commit();
         const float g_last = sg[2 * (nc - 1) + 1];
         if (tid < CC) s_el[tid] = tid < nc ? expf(g_last - sg[2 * tid + 1]) : 0.0f;
 
@@ -595,6 +612,10 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
             }
         }
         __syncthreads();
+        if (more) {  // every warp is past Q S: the next chunk's q^ (waited for with its k^)
+            stage_rows(p, sq, work_q(p), sp.row0 + n0, nn, kh, tid);
+            cp_async_commit();
+        }
         // 3. Delta = Tinv R: warp w, rows 16 (w/2) .. + 15, column tiles 2 (w%2) and + 1
         {
             const int mt = w / 2, dr = 16 * mt + g;
@@ -645,7 +666,9 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
             for (int nt = 0; nt < 4; nt++) mma_tf32x3(st[nt], a, frag_b_rows(sD, RP, kb + t, 8 * nt + g));
         }
         if (c0 + nc == sp.mark) store_state(s_buf(p.marks[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0);
-        __syncthreads();  // everyone is done with this chunk's staging before the next one overwrites it
+        __syncthreads();  // everyone is done with this chunk's k^ and state before the next one overwrites them
+        if (!more) break;
+        c0 = n0, nc = nn;
     }
     store_state(S);
 }
