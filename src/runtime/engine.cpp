@@ -144,8 +144,9 @@ generation_stats engine::generate_cached(prefix_cache& cache, seq_state& st, con
     }
     const int64_t cached = done;
     prefix_cache::checkpoints cps;
-    // the scheduler's pieces for a lone prompt (scheduler::next_chunks): prefill chunks that end at the cache's
-    // marks, a checkpoint where one is due; the last piece goes to generate(), whose logits pick the first token
+    // the scheduler's pieces for a lone prompt (scheduler::next_chunks): prefill chunks that carry the cache's
+    // marks or end at them, a checkpoint where one is due; the last piece goes to generate(), whose logits pick
+    // the first token
     const std::vector<int64_t> marks = cache.plan(req.prompt, done);
     prefix_cache::piece pc;
     std::unique_ptr<seq_state> ms;

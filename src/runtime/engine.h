@@ -83,7 +83,7 @@ class engine {
                               const span_mark& mark = {});
 
     // generate() through a prefix cache (runtime/prefix_cache.h), as the scheduler uses it: the longest cached
-    // prefix of req.prompt goes into st (fresh), the rest is prefilled in pieces that end at the cache's
+    // prefix of req.prompt goes into st (fresh), the rest is prefilled in pieces that carry or end at the cache's
     // checkpoint positions, then decoding; the sequence (prompt + what it ran) is stored at the end. `tansy run
     // --chat` thus prefills only each new message.
     generation_stats generate_cached(prefix_cache& cache, seq_state& st, const generation_request& req,

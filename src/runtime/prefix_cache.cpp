@@ -143,7 +143,7 @@ prefix_cache::piece prefix_cache::next_piece(const std::vector<int64_t>& marks, 
     if (m == marks.end() || *m >= end) return {end, 0};
     // a mark inside: carried by a piece that runs on to the next mark (or its budget, or the prompt's end)
     const int64_t on = std::next(m) != marks.end() ? std::min(end, *std::next(m)) : end;
-    if (on - at >= k_marked_span_min_rows && *m < on) return {on, *m};
+    if (on - at >= k_marked_span_min_rows) return {on, *m};
     return {*m, 0};  // too short to carry it: the piece ends there
 }
 
