@@ -5,7 +5,7 @@
 //   chunk_kernel, chunk_scan_kernel  the default: the chunk-parallel form of MODEL.md §4.7 (64-row chunks): the
 //                                    intra-chunk products and Tinv = (I + L)^-1 in parallel, then one scan over
 //                                    the chunks with the state slice in mma accumulators.
-//   scan_kernel                      the token scan (gdn_params::chunked = false, or GPUs without 154 KB of shared
+//   scan_kernel                      the token scan (gdn_params::chunked = false, or GPUs without 199 KB of shared
 //                                    memory per block): the decode recurrence, differing only in summation order.
 // Why fast: the chunked form moves the recurrence's per-token FMAs onto tensor cores (3xTF32 split by masking,
 // unrolled k loops: constant shared-memory offsets); the token scan holds its state slice in registers with no
@@ -340,7 +340,9 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params 
 //       O = e^gamma (Q S) + A Delta (warps 4-7, on their Q S accumulators);
 //       S = e^gamma_last S + (K e^(gamma_last - gamma))^T Delta (128 x 64 x 32, every warp its 16 rows).
 //     Four barriers per chunk. Rows past a span's end are zero in every staged operand (and beta, the decay
-//     weights and gates are forced to 0 there), so full 64-row tiles need no masks.
+//     weights and gates are forced to 0 there), so full 64-row tiles need no masks. The next chunk's v, Tinv, A
+//     and gates land in a second buffer while a chunk is computed, its q^ once Q S is done; only its k^ (read by
+//     the state update) waits for the chunk's end. A span with a mark restarts its chunks there (span_chunk).
 //  Delta = Tinv R is the twin's U - W S: U = Tinv (beta V) and W = Tinv (beta e^gamma K).
 //  Shared-memory strides: KP and MP (= 4 mod 32) make row-major A fragments (rows g, columns t) conflict-free;
 //  RP (= 8 mod 32) does the same for B fragments read as [k][n] (rows t, columns g). K read transposed (the
@@ -697,7 +699,8 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream) {
         case 4: launch_prep<4>(p, min_rows, stream); break;
         default: TANSY_ABORT("cuda deltanet prefill: conv kernel %d", p.K);
     }
-    // the chunked form needs 154 KB of shared memory per block (sm_80/90; sm_86/89 offer 99 KB: token scan)
+    // the chunked form needs 199 KB of shared memory per block: sm_90 (227 KB); sm_80 (163 KB) and sm_86/89 (99 KB)
+    // take the token scan (git show ead3949:docs/experiments/scan-single-buffer.patch keeps sm_80 chunked, untested)
     if (p.chunked && max_dynamic_smem() >= CSCAN_SMEM) {
         allow_dynamic_smem<chunk_kernel>(CHUNK_SMEM);
         allow_dynamic_smem<chunk_scan_kernel>(CSCAN_SMEM);
