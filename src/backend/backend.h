@@ -34,6 +34,10 @@ struct seq_span {
 // The fewest rows of a span with a mark: a backend may run short spans on a decode path that keeps no state
 // between its tokens (CUDA: up to 16 rows).
 constexpr int64_t k_marked_span_min_rows = 32;
+// A span without a mark, or one whose mark the rules above allow.
+inline bool mark_allowed(const seq_span& s) {
+    return !s.mark_state || (s.mark > 0 && s.mark < s.n && s.n >= k_marked_span_min_rows && s.mark_state != s.state);
+}
 
 // How the GDN recurrence is evaluated for spans of more than one token.
 enum class gdn_mode : uint8_t {

@@ -57,9 +57,7 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
         if (s.pos0 + s.n > s.state->capacity())
             fail("sequence of %lld tokens exceeds the context capacity of %lld", (long long)(s.pos0 + s.n),
                  (long long)s.state->capacity());
-        if (s.mark_state)
-            TANSY_CHECK(s.mark > 0 && s.mark < s.n && s.n >= k_marked_span_min_rows && s.mark_state != s.state,
-                        "a span of %lld rows marked at %lld", (long long)s.n, (long long)s.mark);
+        TANSY_CHECK(mark_allowed(s), "a span of %lld rows marked at %lld", (long long)s.n, (long long)s.mark);
         covered += s.n;
     }
     TANSY_CHECK(covered == T, "spans cover %lld of %lld rows", (long long)covered, (long long)T);

@@ -341,8 +341,7 @@ class cuda_backend final : public backend {
              const gdn_weights& w, int slot, const std::vector<seq_span>& spans, gdn_mode mode) override {
         use_kernel_plan(&plan_);
         for (const seq_span& sp : spans)
-            TANSY_CHECK(!sp.mark_state || (sp.mark > 0 && sp.mark < sp.n && sp.n >= k_marked_span_min_rows),
-                        "cuda gdn: a span of %lld rows marked at %lld", (long long)sp.n, (long long)sp.mark);
+            TANSY_CHECK(mark_allowed(sp), "cuda gdn: a span of %lld rows marked at %lld", (long long)sp.n, (long long)sp.mark);
         prepare_batch(spans, (int)qkv.rows);
         gdn_params p;
         p.qkv = f32(qkv), p.b = f32(b), p.a = f32(a), p.z = f32(z);
@@ -678,8 +677,8 @@ class cuda_backend final : public backend {
             p.epi = gemm_epilogue::store;
             for (int i = 0; i < n_seg; i++) p.seg[i] = seg[i];
             p.n_seg = n_seg, p.accumulate = accumulate;
-            p.split_k = 0;
-            p.split_k = gemm_split_slices(p);  // K slices where the tiles alone would leave most SMs idle, once
+            p.split_k = 0;  // (0: gemm_split_slices decides) K slices where the tiles alone would leave most SMs idle,
+            p.split_k = gemm_split_slices(p);  // decided once: the workspace and gemm() take it as given
             if (p.split_k > 1) p.split_ws = ws_split_.ensure(gemm_split_floats(p));
             gemm(p, stream_);
             return;
