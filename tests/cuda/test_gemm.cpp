@@ -201,6 +201,27 @@ INSTANTIATE_TEST_SUITE_P(shapes, cuda_gemm,
                                            // a decode batch's output projection and router: K split by the plan
                                            gemm_case{0, 2048, 4096, 64, true}, gemm_case{0, 257, 2048, 48, false}));
 
+// to_f16 over more rows than its grid (4,096 blocks: each block strides over rows) from a padded row stride:
+// every value exactly fp16(v * scale), nothing written past a row's cols values.
+TEST(cuda_gemm_scale, to_f16_rows_past_the_grid) {
+    TANSY_REQUIRE_GPU();
+    const int64_t rows = 4099, cols = 12, ld = 20;
+    const float scale = 0.25f;
+    auto x = test::random_normal((size_t)(rows * ld), 41, 3.0f);
+    auto dx = to_device(x);
+    const size_t n = (size_t)(rows * cols) + 4;  // + a guard of 4 values past the last row
+    std::vector<uint16_t> guard(n, 0x7C00);      // +inf: a value the conversion of these inputs never gives
+    auto dy = to_device(guard);
+    cuda::to_f16((uint16_t*)dy.get(), (const float*)dx.get(), rows, cols, ld, scale, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto y = from_device<uint16_t>(dy, n);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            ASSERT_EQ(test::f16_bits_to_float(y[(size_t)(r * cols + c)]), f16_round(x[(size_t)(r * ld + c)] * scale))
+                << "row " << r << " col " << c;
+    for (size_t i = (size_t)(rows * cols); i < n; i++) ASSERT_EQ(y[i], 0x7C00) << "written past the rows";
+}
+
 // Fast mode with activations past the fp16 range: a_scale 2^-4 keeps them exact to fp16 precision; without it
 // they saturate (finite, never inf or NaN).
 TEST(cuda_gemm_scale, large_activations) {
@@ -297,12 +318,12 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
     TANSY_REQUIRE_GPU();
     const int E = 16;
     const int64_t D = 256, F = 128;
-    // T = 600: expert 3 gets ~500 rows, so the 128-row tiles have full and partial ones; k = 10: the combine's
-    // rows in two rounds (8 in flight)
+    // T = 600: expert 3 gets ~500 rows, so the 128-row tiles have full and partial ones; T = 2100: 8,400 slots,
+    // more than the plan kernel's one pass over 8 x 1,024; k = 10: the combine's rows in two rounds (8 in flight)
     for (bool wg : test::gemm_wgmma_modes()) {
         test::gemm_wgmma_scope kernel(wg);
         SCOPED_TRACE(test::gemm_kernel_name(wg));
-        for (auto [T, bm, k] : {std::tuple{1, 64, 4}, {37, 64, 4}, {37, 64, 10}, {300, 64, 4}, {300, 128, 4}, {600, 128, 4}}) {
+        for (auto [T, bm, k] : {std::tuple{1, 64, 4}, {37, 64, 4}, {37, 64, 10}, {300, 64, 4}, {300, 128, 4}, {600, 128, 4}, {2100, 128, 4}}) {
             SCOPED_TRACE("T=" + std::to_string(T) + " tiles of " + std::to_string(bm) + " k=" + std::to_string(k));
             const std::vector<int32_t> idx = skewed_routing(T, E, k, 1000 + (uint32_t)T);
             auto wt = test::random_uniform((size_t)T * k, 5, 0.0f, 1.0f);

@@ -12,7 +12,7 @@ namespace tansy::cuda {
 
 namespace {
 
-constexpr int k_plan_threads = 1024;
+constexpr int k_plan_threads = 1024, k_plan_batch = 8;
 
 // shared_rows: T for the shared expert's tiles after the routed ones (expert E, sorted rows [T k, T k + T)), or 0.
 __global__ void __launch_bounds__(k_plan_threads) plan_kernel(int32_t* perm, int32_t* pos_of, gemm_tile* tiles,
@@ -22,7 +22,16 @@ __global__ void __launch_bounds__(k_plan_threads) plan_kernel(int32_t* perm, int
     const int n = T * k, tid = threadIdx.x;
     for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    for (int i = tid; i < n; i += blockDim.x) atomicAdd(&cnt[idx[i]], 1);
+    // the slots' experts k_plan_batch at a time, their loads issued together (one CTA: a load's latency per
+    // iteration was most of the plan's time on prompts)
+    for (int i0 = tid; i0 < n; i0 += k_plan_batch * k_plan_threads) {
+        int e[k_plan_batch];
+#pragma unroll
+        for (int b = 0; b < k_plan_batch; b++) e[b] = i0 + b * k_plan_threads < n ? idx[i0 + b * k_plan_threads] : -1;
+#pragma unroll
+        for (int b = 0; b < k_plan_batch; b++)
+            if (e[b] >= 0) atomicAdd(&cnt[e[b]], 1);
+    }
     __syncthreads();
     if (tid < 32) {  // exclusive scans of rows and tiles per expert: lane l owns a contiguous run of experts
         const int per = (E + 31) / 32, e0 = min(E, tid * per), e1 = min(E, e0 + per);
@@ -46,10 +55,17 @@ __global__ void __launch_bounds__(k_plan_threads) plan_kernel(int32_t* perm, int
     for (int j = tid; j * BM < shared_rows; j += blockDim.x)
         tiles[n_routed + j] = {E, n + j * BM, min(BM, shared_rows - j * BM)};
     __syncthreads();  // cur[] has been read for the tiles before the atomics below move it
-    for (int i = tid; i < n; i += blockDim.x) {
-        const int p = atomicAdd(&cur[idx[i]], 1);
-        perm[p] = i;
-        pos_of[i] = p;
+    for (int i0 = tid; i0 < n; i0 += k_plan_batch * k_plan_threads) {
+        int e[k_plan_batch];
+#pragma unroll
+        for (int b = 0; b < k_plan_batch; b++) e[b] = i0 + b * k_plan_threads < n ? idx[i0 + b * k_plan_threads] : -1;
+#pragma unroll
+        for (int b = 0; b < k_plan_batch; b++) {
+            if (e[b] < 0) continue;
+            const int i = i0 + b * k_plan_threads, p = atomicAdd(&cur[e[b]], 1);
+            perm[p] = i;
+            pos_of[i] = p;
+        }
     }
 }
 
