@@ -280,24 +280,37 @@ class cuda_backend final : public backend {
         // norm all T rows: it is normalised once first.
         const bool lone = Ws.size() == 1 && !weights_.grouped(*Ws[0]);
         const bool lone_prologue = lone && !precise_gemm_ && weights_.mat(*Ws[0]).fmt == dfmt::q4;
+        const device_weights::concat* cc = lone ? nullptr : &weights_.cat(Ws);
+        // every matrix on the fast GEMM: the norm writes only the fp16 A operand they share
+        bool all_fast = true;
+        if (lone) all_fast = fast_gemm(weights_.mat(*Ws[0]), T);
+        else
+            for (const auto& part : cc->parts) all_fast &= fast_gemm(part.W, T);
+        const uint16_t* x16 = nullptr;
         if (T > k_gemv_max_norm_rows || plan_.use_gemm(T) || (lone && !lone_prologue)) {  // normalise once
-            float* a = ws_norm_.ensure((size_t)x.numel());
-            rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
-            xin = a, nw = nullptr;
+            if (all_fast) {
+                uint16_t* a16 = ws_a16_.ensure((size_t)x.numel());
+                rms_norm_f32(nullptr, xin, nw, T, x.cols, eps, stream_, a16);
+                x16 = a16, xin = nullptr;
+            } else {
+                float* a = ws_norm_.ensure((size_t)x.numel());
+                rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
+                xin = a;
+            }
+            nw = nullptr;
         }
         if (lone) {  // one matrix of no group (lm_head after the final norm)
             TANSY_CHECK(Ws[0]->cols == x.cols && outs[0].cols == Ws[0]->rows && outs[0].rows == x.rows,
                         "project %s shapes", Ws[0]->name.c_str());
             const gemv_segment seg{f32(outs[0]), outs[0].cols, 0};
-            dense(weights_.mat(*Ws[0]), xin, x.cols, T, nw, eps, &seg, 1, false);
+            dense(weights_.mat(*Ws[0]), xin, x.cols, T, nw, eps, &seg, 1, false, false, x16);
             return;
         }
-        const device_weights::concat& cc = weights_.cat(Ws);
-        for (size_t part = 0; part < cc.parts.size(); part++) {
+        for (size_t part = 0; part < cc->parts.size(); part++) {
             gemv_segment seg[4];
             int n_seg = 0;
-            for (int i : cc.parts[part].members) seg[n_seg++] = {f32(outs[(size_t)i]), outs[(size_t)i].cols, cc.row0[(size_t)i]};
-            dense(cc.parts[part].W, xin, x.cols, T, nw, eps, seg, n_seg, false);
+            for (int i : cc->parts[part].members) seg[n_seg++] = {f32(outs[(size_t)i]), outs[(size_t)i].cols, cc->row0[(size_t)i]};
+            dense(cc->parts[part].W, xin, x.cols, T, nw, eps, seg, n_seg, false, false, x16);
         }
     }
 
@@ -371,21 +384,29 @@ class cuda_backend final : public backend {
         const device_weights::moe_dev& md = weights_.moe(w);
         const float* nw = weights_.vec(norm);
         const float* xin = f32(x);
-        if (T > k_gemv_max_norm_rows || plan_.use_gemm(T)) {
-            float* a = ws_norm_.ensure((size_t)x.numel());
-            rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_);
-            xin = a, nw = nullptr;
-        }
         const int E = (int)cfg_.n_experts, k = (int)cfg_.top_k;
-        float* logits = ws_router_.ensure((size_t)T * (E + 1));
-        int32_t* idx = ws_idx_.ensure((size_t)T * k);
-        float* wt = ws_wt_.ensure((size_t)T * k);
-        float* sig = ws_sig_.ensure((size_t)T);
         // a decode batch of 17+ rows: the small-M grouped kernels (fast mode), else the decode kernels in groups
         const bool small = plan_.moe_in_small(T) && !precise_gemm_ && moe_small_supports(md.m);
         const bool in_groups = !small && plan_.moe_in_groups(T);
         const bool grouped = !small && !in_groups &&
                              use_gemm(T, {&md.m.gate, &md.m.up, &md.m.down, &md.m.s_gate, &md.m.s_up, &md.m.s_down});
+        // fast mode: the experts' A operands in fp16 (the input once for all gate/up GEMMs, the SwiGLU outputs
+        // written so directly); nullptr in precise mode. The norm writes m16 with m (the router's fp32 input).
+        uint16_t *m16 = nullptr, *h16 = nullptr;
+        if ((grouped || small) && !precise_gemm_) {
+            m16 = ws_m16_.ensure((size_t)T * md.m.D);
+            h16 = ws_h16_.ensure((size_t)T * (k + 1) * std::max(md.m.F, md.m.Fs));
+        }
+        if (T > k_gemv_max_norm_rows || plan_.use_gemm(T) || m16) {
+            TANSY_CHECK(md.m.D == x.cols, "moe: input of %lld values for experts of %lld", (long long)x.cols, (long long)md.m.D);
+            float* a = ws_norm_.ensure((size_t)x.numel());
+            rms_norm_f32(a, xin, nw, T, x.cols, eps, stream_, m16);
+            xin = a, nw = nullptr;
+        }
+        float* logits = ws_router_.ensure((size_t)T * (E + 1));
+        int32_t* idx = ws_idx_.ensure((size_t)T * k);
+        float* wt = ws_wt_.ensure((size_t)T * k);
+        float* sig = ws_sig_.ensure((size_t)T);
         // the experts' fp32 activations: the GEMV path's and the precise GEMMs' (fast GEMMs keep them in fp16)
         float* h = (grouped && !precise_gemm_) || small
                        ? nullptr
@@ -393,14 +414,6 @@ class cuda_backend final : public backend {
         float* y = grouped || small ? ws_y_.ensure((size_t)T * (k + 1) * md.m.D) : nullptr;
         // the shared expert needs only the normalised input: on the side stream, alongside the router, top-k,
         // routing plan and routed experts (the router GEMM alone leaves a third of the SMs idle)
-        // fast mode: the experts' A operands in fp16 (the input once for all gate/up GEMMs, the SwiGLU outputs
-        // written so directly); nullptr in precise mode
-        uint16_t *m16 = nullptr, *h16 = nullptr;
-        if ((grouped || small) && !precise_gemm_) {
-            m16 = ws_m16_.ensure((size_t)T * md.m.D);
-            to_f16(m16, xin, T, md.m.D, x.cols, 1.0f, stream_);
-            h16 = ws_h16_.ensure((size_t)T * (k + 1) * std::max(md.m.F, md.m.Fs));
-        }
         if (grouped)
             shared_expert_async(md.m, xin, m16, h ? h + (size_t)T * k * md.m.F : nullptr,
                                 h16 ? h16 + (size_t)T * k * md.m.F : nullptr, y + (size_t)T * k * md.m.D, T);
@@ -661,15 +674,21 @@ class cuda_backend final : public backend {
         return true;
     }
 
+    // Whether dense(W, ..., T rows) takes the fast-mode tensor-core GEMM (its A operand in fp16).
+    bool fast_gemm(const dmat& W, int T) const { return !precise_gemm_ && plan_.dense_gemm(T, false) && use_gemm(T, {&W}); }
+
     // out segments (+)= x W^T for T rows: the tensor-core GEMM for many rows, the GEMV kernels (which can fold
-    // the RMS norm nw into their prologue for T <= k_gemv_max_norm_rows) otherwise.
+    // the RMS norm nw into their prologue for T <= k_gemv_max_norm_rows) otherwise. x16 (optional, rows of
+    // W.cols halves): x already as the fast GEMM's fp16 operand (then x may be nullptr where fast_gemm(W, T)).
     void dense(const dmat& W, const float* x, int64_t ldx, int T, const float* nw, float eps, const gemv_segment* seg,
-               int n_seg, bool accumulate, bool precise = false) {
+               int n_seg, bool accumulate, bool precise = false, const uint16_t* x16 = nullptr) {
         if (plan_.dense_gemm(T, precise || precise_gemm_) && use_gemm(T, {&W})) {
             TANSY_CHECK(nw == nullptr, "gemm: normalise the input first");
             gemm_params p;
             p.W = W, p.N = W.rows, p.x = x, p.ldx = ldx, p.M = T, p.precise = precise || precise_gemm_;
-            if (!p.precise) {
+            if (!p.precise && x16) {
+                p.x16 = x16, p.ldx16 = W.cols;
+            } else if (!p.precise) {
                 uint16_t* a16 = ws_a16_.ensure((size_t)T * W.cols);
                 to_f16(a16, x, T, W.cols, ldx, 1.0f, stream_);
                 p.x16 = a16, p.ldx16 = W.cols;
@@ -683,6 +702,7 @@ class cuda_backend final : public backend {
             gemm(p, stream_);
             return;
         }
+        TANSY_CHECK(x != nullptr, "dense: the GEMV path of %d rows needs the fp32 input", T);
         const bool f16 = !(precise || precise_gemm_);
         // fp32 inputs (the router, precise mode) take the general GEMV, which walks any number of rows in one launch
         if (!plan_.dense_in_groups(T) || !f16) return dense_gemv(W, x, ldx, T, nw, eps, seg, n_seg, accumulate, f16);

@@ -3,6 +3,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/misc.cuh"
+#include "backend/cuda/mma.cuh"  // pack_f16
 
 namespace tansy::cuda {
 
@@ -29,14 +30,39 @@ __global__ void embed_kernel(float* x, const int32_t* ids, const dmat table) {
     }
 }
 
-__global__ void rms_norm_kernel(float* y, const float* x, const float* w, int64_t n, float eps) {
+// One block per row; 16-byte accesses where the row allows them (4x fewer loads in flight per byte than
+// scalar ones, which left the kernel at about half the DRAM bandwidth on prompts). y and/or y16 (fp16).
+__global__ void rms_norm_kernel(float* y, uint16_t* y16, const float* x, const float* w, int64_t n, float eps) {
     __shared__ float scratch[32];
     pdl_trigger();
     const float* xr = x + blockIdx.x * n;
+    float* yr = y ? y + blockIdx.x * n : nullptr;
+    uint16_t* hr = y16 ? y16 + blockIdx.x * n : nullptr;
+    const bool vec = n % 4 == 0 && (((uintptr_t)xr | (uintptr_t)yr | (uintptr_t)w) & 15) == 0 && ((uintptr_t)hr & 7) == 0;
     float ss = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    if (vec) {
+        for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            const float4 v = reinterpret_cast<const float4*>(xr)[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    }
     const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[blockIdx.x * n + i] = xr[i] * inv * w[i];
+    if (vec) {
+        for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            const float4 v = reinterpret_cast<const float4*>(xr)[i], g = reinterpret_cast<const float4*>(w)[i];
+            const float4 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+            if (yr) reinterpret_cast<float4*>(yr)[i] = o;
+            if (hr) reinterpret_cast<uint2*>(hr)[i] = make_uint2(pack_f16(o.x, o.y), pack_f16(o.z, o.w));
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const float o = xr[i] * inv * w[i];
+            if (yr) yr[i] = o;
+            if (hr) hr[i] = (uint16_t)(pack_f16(o, 0.0f) & 0xFFFFu);
+        }
+    }
 }
 
 __global__ void gather_kernel(float* out, const float* in, const int32_t* rows, int64_t cols) {
@@ -108,9 +134,11 @@ void embed_rows(float* x, const int32_t* ids, int T, const dmat& table, cudaStre
     CUDA_CHECK_LAUNCH();
 }
 
-void rms_norm_f32(float* y, const float* x, const float* w, int T, int64_t n, float eps, cudaStream_t stream) {
+void rms_norm_f32(float* y, const float* x, const float* w, int T, int64_t n, float eps, cudaStream_t stream,
+                  uint16_t* y16) {
+    TANSY_CHECK(y || y16, "rms_norm: no output");
     if (T == 0) return;
-    rms_norm_kernel<<<(unsigned)T, 256, 0, stream>>>(y, x, w, n, eps);
+    rms_norm_kernel<<<(unsigned)T, 256, 0, stream>>>(y, y16, x, w, n, eps);
     CUDA_CHECK_LAUNCH();
 }
 

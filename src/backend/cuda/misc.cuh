@@ -12,8 +12,11 @@ namespace tansy::cuda {
 // x[t] = dequantised row ids[t] of table (ids clamped into range). CPU twin: matrix::row_f32.
 void embed_rows(float* x, const int32_t* ids, int T, const dmat& table, cudaStream_t stream);
 
-// y[t] = x[t] / rms(x[t]) * w. CPU twin: cpu::rms_norm.
-void rms_norm_f32(float* y, const float* x, const float* w, int T, int64_t n, float eps, cudaStream_t stream);
+// y[t] = x[t] / rms(x[t]) * w. CPU twin: cpu::rms_norm. y16 (optional, row stride n): the same values as fp16, as
+// to_f16(y16, y, T, n, n, 1) would write them, in the same pass (the fast GEMMs' A operand without a second pass
+// over y); y may then be nullptr, when nothing reads the fp32 values.
+void rms_norm_f32(float* y, const float* x, const float* w, int T, int64_t n, float eps, cudaStream_t stream,
+                  uint16_t* y16 = nullptr);
 
 // out[i] = in[rows[i]], rows in device memory. rows_n <= T.
 void gather_rows_f32(float* out, const float* in, const int32_t* rows, int n, int64_t cols, cudaStream_t stream);
