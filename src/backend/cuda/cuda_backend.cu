@@ -281,13 +281,13 @@ class cuda_backend final : public backend {
         const bool lone = Ws.size() == 1 && !weights_.grouped(*Ws[0]);
         const bool lone_prologue = lone && !precise_gemm_ && weights_.mat(*Ws[0]).fmt == dfmt::q4;
         const device_weights::concat* cc = lone ? nullptr : &weights_.cat(Ws);
-        // every matrix on the fast GEMM: the norm writes only the fp16 A operand they share
-        bool all_fast = true;
-        if (lone) all_fast = fast_gemm(weights_.mat(*Ws[0]), T);
-        else
-            for (const auto& part : cc->parts) all_fast &= fast_gemm(part.W, T);
         const uint16_t* x16 = nullptr;
         if (T > k_gemv_max_norm_rows || plan_.use_gemm(T) || (lone && !lone_prologue)) {  // normalise once
+            // every matrix on the fast GEMM: the norm writes only the fp16 A operand they share
+            bool all_fast = true;
+            if (lone) all_fast = fast_gemm(weights_.mat(*Ws[0]), T);
+            else
+                for (const auto& part : cc->parts) all_fast &= fast_gemm(part.W, T);
             if (all_fast) {
                 uint16_t* a16 = ws_a16_.ensure((size_t)x.numel());
                 rms_norm_f32(nullptr, xin, nw, T, x.cols, eps, stream_, a16);

@@ -22,16 +22,19 @@ __global__ void __launch_bounds__(k_plan_threads) plan_kernel(int32_t* perm, int
     const int n = T * k, tid = threadIdx.x;
     for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    // the slots' experts k_plan_batch at a time, their loads issued together (one CTA: a load's latency per
-    // iteration was most of the plan's time on prompts)
-    for (int i0 = tid; i0 < n; i0 += k_plan_batch * k_plan_threads) {
-        int e[k_plan_batch];
+    // fn(slot, its expert) over the thread's slots, their experts loaded k_plan_batch at a time and issued together
+    // (one CTA: a load's latency per slot was most of the plan's time on prompts)
+    auto for_slots = [&](auto&& fn) {
+        for (int i0 = tid; i0 < n; i0 += k_plan_batch * k_plan_threads) {
+            int e[k_plan_batch];
 #pragma unroll
-        for (int b = 0; b < k_plan_batch; b++) e[b] = i0 + b * k_plan_threads < n ? idx[i0 + b * k_plan_threads] : -1;
+            for (int b = 0; b < k_plan_batch; b++) e[b] = i0 + b * k_plan_threads < n ? idx[i0 + b * k_plan_threads] : -1;
 #pragma unroll
-        for (int b = 0; b < k_plan_batch; b++)
-            if (e[b] >= 0) atomicAdd(&cnt[e[b]], 1);
-    }
+            for (int b = 0; b < k_plan_batch; b++)
+                if (e[b] >= 0) fn(i0 + b * k_plan_threads, e[b]);
+        }
+    };
+    for_slots([&](int, int e) { atomicAdd(&cnt[e], 1); });
     __syncthreads();
     if (tid < 32) {  // exclusive scans of rows and tiles per expert: lane l owns a contiguous run of experts
         const int per = (E + 31) / 32, e0 = min(E, tid * per), e1 = min(E, e0 + per);
@@ -55,18 +58,11 @@ __global__ void __launch_bounds__(k_plan_threads) plan_kernel(int32_t* perm, int
     for (int j = tid; j * BM < shared_rows; j += blockDim.x)
         tiles[n_routed + j] = {E, n + j * BM, min(BM, shared_rows - j * BM)};
     __syncthreads();  // cur[] has been read for the tiles before the atomics below move it
-    for (int i0 = tid; i0 < n; i0 += k_plan_batch * k_plan_threads) {
-        int e[k_plan_batch];
-#pragma unroll
-        for (int b = 0; b < k_plan_batch; b++) e[b] = i0 + b * k_plan_threads < n ? idx[i0 + b * k_plan_threads] : -1;
-#pragma unroll
-        for (int b = 0; b < k_plan_batch; b++) {
-            if (e[b] < 0) continue;
-            const int i = i0 + b * k_plan_threads, p = atomicAdd(&cur[e[b]], 1);
-            perm[p] = i;
-            pos_of[i] = p;
-        }
-    }
+    for_slots([&](int i, int e) {
+        const int p = atomicAdd(&cur[e], 1);
+        perm[p] = i;
+        pos_of[i] = p;
+    });
 }
 
 __global__ void combine_kernel(float* x, int64_t ldx, const float* y, const float* ys, const int32_t* pos_of,
