@@ -6,7 +6,7 @@
 //                      raw q, k in one pass over the old state, o = alpha S^T q^ + (k^.q^) delta).
 //   recur_smem_kernel  the same per (span, value head) with the head's state staged in shared memory (more state
 //                      bytes in flight per SM): decode batches of k_recur_smem_min_spans sequences and more.
-//   gated_norm_kernel  out = rms_norm(o) * w * silu(z) per value head.
+//   gated_norm_kernel  out = rms_norm(o) * w * silu(z) per value head (decode steps; prompts: gated_norm_warp_kernel).
 // The conv state is double-buffered by step parity, so blocks that share key heads all read the old window while
 // its owner writes the new one. Why fast: what needs nothing from the projections (the state, the first token's
 // conv terms over the window, the gate constants) loads before the PDL wait, and the new conv window is held in
@@ -323,7 +323,12 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
     }
 }
 
-// y = o / rms(o) * w * silu(z) per (row, head) of dv values; one block of dv threads per (row, head).
+// y = o / rms(o) * w * silu(z) per (row, head) of dv values, in two forms:
+//  - gated_norm_kernel: one block of dv threads per (row, head). Decode steps: batch 1 measured 0.8% faster
+//    with it than with the warp form (H100), batch 64 the same.
+//  - gated_norm_warp_kernel: one warp per (row, head), k_norm_warps a block. Prompts: the block form, with its
+//    two barriers, ran at ~30% of the DRAM bandwidth (81 us a layer at 2K tokens, H200); this one made 1,152 /
+//    2,048 / 8,192-token prompts 1.9 / 2.4 / 2.7% faster (H100).
 __global__ void gated_norm_kernel(const gdn_params p) {
     __shared__ float scratch[32];
     pdl_trigger();
@@ -336,6 +341,39 @@ __global__ void gated_norm_kernel(const gdn_params p) {
     const float o = p.o[rh * p.dv + j], gate = siluf_(p.z[rh * p.dv + j]);
     const float inv = rsqrtf(block_sum(o * o, scratch) / (float)p.dv + p.eps);
     p.out[rh * p.dv + j] = o * inv * w * gate;
+}
+
+// V > 0: dv = 32 V, each lane's values loaded at once (one round trip, not V); 0: any dv.
+constexpr int k_norm_warps = 8;
+template <int V>
+__global__ void __launch_bounds__(32 * k_norm_warps) gated_norm_warp_kernel(const gdn_params p) {
+    pdl_trigger();
+    const int64_t rh = (int64_t)blockIdx.x * k_norm_warps + threadIdx.x / 32;  // row * Hv + head
+    const int lane = threadIdx.x % 32;
+    const bool live = rh < (int64_t)p.T * p.Hv;
+    if constexpr (V > 0) {
+        float w[V], o[V], z[V];
+#pragma unroll
+        for (int i = 0; i < V; i++) w[i] = p.norm_w[lane + 32 * i];  // weights: before the wait
+        pdl_wait();  // o comes from the recurrence
+        if (!live) return;
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < V; i++) o[i] = p.o[rh * p.dv + lane + 32 * i], z[i] = p.z[rh * p.dv + lane + 32 * i];
+#pragma unroll
+        for (int i = 0; i < V; i++) ss = fmaf(o[i], o[i], ss);
+        const float inv = rsqrtf(warp_sum(ss) / (float)p.dv + p.eps);
+#pragma unroll
+        for (int i = 0; i < V; i++) p.out[rh * p.dv + lane + 32 * i] = o[i] * inv * w[i] * siluf_(z[i]);
+    } else {
+        pdl_wait();
+        if (!live) return;
+        const float *o = p.o + rh * p.dv, *z = p.z + rh * p.dv;
+        float ss = 0.0f;
+        for (int j = lane; j < p.dv; j += 32) ss = fmaf(o[j], o[j], ss);
+        const float inv = rsqrtf(warp_sum(ss) / (float)p.dv + p.eps);
+        for (int j = lane; j < p.dv; j += 32) p.out[rh * p.dv + j] = o[j] * inv * p.norm_w[j] * siluf_(z[j]);
+    }
 }
 
 template <int COLS>
@@ -367,7 +405,18 @@ void gdn_forward(const gdn_params& p, cudaStream_t stream) {
                        stream, p, max_rows);
         CUDA_CHECK_LAUNCH();
     }
-    launch_pdl(gated_norm_kernel, dim3((unsigned)(p.T * p.Hv)), dim3((unsigned)p.dv), 0, stream, p);
+    const int64_t heads = (int64_t)p.T * p.Hv;
+    if (!any_long) {  // a decode step
+        launch_pdl(gated_norm_kernel, dim3((unsigned)heads), dim3((unsigned)p.dv), 0, stream, p);
+    } else {
+        const dim3 grid((unsigned)((heads + k_norm_warps - 1) / k_norm_warps)), block(32 * k_norm_warps);
+        if (p.dv == 128)
+            launch_pdl(gated_norm_warp_kernel<4>, grid, block, 0, stream, p);
+        else if (p.dv == 64)
+            launch_pdl(gated_norm_warp_kernel<2>, grid, block, 0, stream, p);
+        else
+            launch_pdl(gated_norm_warp_kernel<0>, grid, block, 0, stream, p);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
