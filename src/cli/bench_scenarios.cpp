@@ -175,6 +175,8 @@ prompt_sums read_prompt_sums(int port) {
         if (name == "tansy_queue_wait_seconds_sum") s.queue_s = v;
         if (name == "tansy_prefill_seconds_sum") s.prefill_s = v;
         if (name == "tansy_prefill_seconds_count") s.n = v;
+        if (name == "tansy_time_to_first_token_seconds_sum") s.ttft_s = v;
+        if (name == "tansy_time_to_first_token_seconds_count") s.ttft_n = v;
     }
     return s;
 }

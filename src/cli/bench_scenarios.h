@@ -82,8 +82,11 @@ double median(std::vector<double> v);
 
 // The sums and counts of the server's tansy_queue_wait_seconds and tansy_prefill_seconds histograms (/metrics): the
 // server's side of TTFTs, admission waits and the steps that processed the prompts.
+// Sums of the server's prompt timings (its /metrics): admission waits and prompt steps (n prompts), and the time
+// from a request's arrival to its first generated token (ttft_n requests).
 struct prompt_sums {
     double queue_s = 0, prefill_s = 0, n = 0;
+    double ttft_s = 0, ttft_n = 0;
 };
 prompt_sums read_prompt_sums(int port);
 

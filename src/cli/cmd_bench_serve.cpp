@@ -87,9 +87,10 @@ struct serve_row {
     double round_tok_s = 0;  // the engine's own figures composed for this round's work (round_tok_s below)
     int64_t tokens = 0, prompt_tokens = 0;  // completion tokens of the round; mean prompt tokens per stream
     double wall_s = 0;
-    // the server's side of the TTFT (its /metrics over the round): mean wait for admission and mean time of the
-    // steps that processed a stream's prompt; the rest of ttft is HTTP, templating, tokenizing and streaming
-    double queue_ms_mean = 0, prefill_ms_mean = 0;
+    // the server's side of the TTFT (its /metrics over the round): mean wait for admission, mean time of the
+    // steps that processed a stream's prompt, and mean time from a request's arrival to its first generated token
+    // (the rest of that is HTTP, templating and tokenizing; ttft beyond it: text held back, SSE, the client)
+    double queue_ms_mean = 0, prefill_ms_mean = 0, server_ttft_ms_mean = 0;
 };
 
 // What the engine alone does with a round's work, from its measured rates: C prompts of P tokens prefilled at
@@ -164,13 +165,15 @@ std::vector<serve_row> run_rounds(int port, const prompt_maker& prompts, const s
                 x.queue_ms_mean = 1e3 * (after.queue_s - before.queue_s) / n;
                 x.prefill_ms_mean = 1e3 * (after.prefill_s - before.prefill_s) / n;
             }
+            if (const double n = after.ttft_n - before.ttft_n; n > 0)
+                x.server_ttft_ms_mean = 1e3 * (after.ttft_s - before.ttft_s) / n;
             fprintf(stderr,
                     "  %-24s %9.1f tok/s (engine %9.1f, round %9.1f)  stream %7.1f tok/s  itl p50 %7.2f ms p99 %7.2f ms  "
-                    "ttft p50 %8.1f ms p99 %8.1f ms (server: queue %.1f ms, prompt steps %.1f ms, means)  (%lld tokens in "
-                    "%.2f s, prompts %lld tokens)\n",
+                    "ttft p50 %8.1f ms p99 %8.1f ms (server: queue %.1f ms, prompt steps %.1f ms, first token %.1f ms, "
+                    "means)  (%lld tokens in %.2f s, prompts %lld tokens)\n",
                     label.c_str(), x.agg_tok_s, x.engine_tok_s, x.round_tok_s, x.per_stream_tok_s, x.itl_ms_p50,
-                    x.itl_ms_p99, x.ttft_ms_p50, x.ttft_ms_p99, x.queue_ms_mean, x.prefill_ms_mean, (long long)x.tokens,
-                    x.wall_s, (long long)x.prompt_tokens);
+                    x.itl_ms_p99, x.ttft_ms_p50, x.ttft_ms_p99, x.queue_ms_mean, x.prefill_ms_mean, x.server_ttft_ms_mean,
+                    (long long)x.tokens, x.wall_s, (long long)x.prompt_tokens);
         }
     }
     return rows;
@@ -228,6 +231,7 @@ nlohmann::ordered_json rounds_json(const std::vector<serve_row>& rows) {
                      {"round_tok_s", r.round_tok_s},
                      {"queue_ms_mean", r.queue_ms_mean},
                      {"prefill_ms_mean", r.prefill_ms_mean},
+                     {"server_ttft_ms_mean", r.server_ttft_ms_mean},
                      {"completion_tokens", r.tokens},
                      {"wall_s", r.wall_s}});
     return a;
@@ -264,7 +268,9 @@ int cmd_bench_serve(int argc, char** argv) {
                  "                    --max-tokens steps at engine_tok_s: C x N / (C x P / prefill + C x N /\n"
                  "                    engine_tok_s); what the server would give if it cost nothing on top\n"
                  "  queue_ms_mean,    the server's share of the TTFT over the round (its /metrics): a stream's mean\n"
-                 "  prefill_ms_mean   wait for admission, and the mean time of the steps that processed its prompt\n"
+                 "  prefill_ms_mean,  wait for admission, the mean time of the steps that processed its prompt, and\n"
+                 "  server_ttft_ms_mean  the mean time from its arrival to its first generated token (ttft beyond\n"
+                 "                    that: text held back by the detokenizer or parsers, the SSE write, the client)\n"
                  "Token counts come from the usage chunk (stream_options.include_usage). Progress goes to stderr.\n"
                  "\n"
                  "Those are the rounds (--scenario rounds, the default). Other scenarios, in the order listed, on the\n"
