@@ -1,6 +1,7 @@
 // Tokenises on a few dedicated threads instead of on every HTTP worker: the tokenizer keeps a per-thread
 // pre-token cache (~6 MB, tokenizer.h), so encoding on each of 64+ workers would cost hundreds of MB that
-// stay resident as long as the workers live. Callers block until their text is encoded.
+// stay resident as long as the workers live. Callers block until their text is encoded. Each thread encodes once
+// at construction, so no request pays for setting up its cache.
 #pragma once
 #include <cstdint>
 #include <string>
