@@ -80,10 +80,9 @@ std::string scenario_body(const nlohmann::ordered_json& messages, int64_t max_to
 void check_stream(const stream_timing& s, const std::string& what);
 double median(std::vector<double> v);
 
-// The sums and counts of the server's tansy_queue_wait_seconds and tansy_prefill_seconds histograms (/metrics): the
-// server's side of TTFTs, admission waits and the steps that processed the prompts.
-// Sums of the server's prompt timings (its /metrics): admission waits and prompt steps (n prompts), and the time
-// from a request's arrival to its first generated token (ttft_n requests).
+// The sums and counts of the server's tansy_queue_wait_seconds and tansy_prefill_seconds histograms (/metrics):
+// the server's side of TTFTs, admission waits and the steps that processed the prompts (n prompts); and of
+// tansy_time_to_first_token_seconds, a request's arrival to its first generated token (ttft_n requests).
 struct prompt_sums {
     double queue_s = 0, prefill_s = 0, n = 0;
     double ttft_s = 0, ttft_n = 0;

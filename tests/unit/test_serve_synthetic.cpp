@@ -21,7 +21,7 @@ namespace {
 
 const std::string TINY_CONFIG = std::string(TANSY_SOURCE_DIR) + "/models/tiny-chat-q4/config.json";
 const std::string U_FFFD = "\xEF\xBF\xBD";
-// The server's and the client's times come from separate clock reads, printed to 0.1 ms; sums of rounded means.
+// The server's times and the client's come from separate clock reads around the same events.
 constexpr double k_clock_slack_ms = 0.5;
 
 // The tiny model's config with a vocabulary of 65536: ~94% of the ids lie beyond its 4073-id tokenizer.
