@@ -323,12 +323,11 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
     }
 }
 
-// y = o / rms(o) * w * silu(z) per (row, head) of dv values, in two forms:
-//  - gated_norm_kernel: one block of dv threads per (row, head). Decode steps: batch 1 measured 0.8% faster
-//    with it than with the warp form (H100), batch 64 the same.
-//  - gated_norm_warp_kernel: one warp per (row, head), k_norm_warps a block. Prompts: the block form, with its
-//    two barriers, ran at ~30% of the DRAM bandwidth (81 us a layer at 2K tokens, H200); this one made 1,152 /
-//    2,048 / 8,192-token prompts 1.9 / 2.4 / 2.7% faster (H100).
+// y = o / rms(o) * w * silu(z) per (row, head) of dv values, in two forms (measured: docs/PERF.md, Prefill):
+//  - gated_norm_kernel: one block of dv threads per (row, head), for decode steps, where its few blocks of
+//    many threads beat the warp form at batch 1;
+//  - gated_norm_warp_kernel: one warp per (row, head), k_norm_warps a block, for steps with a prompt span, where
+//    the block form's two barriers a head left it far below the DRAM bandwidth.
 __global__ void gated_norm_kernel(const gdn_params p) {
     __shared__ float scratch[32];
     pdl_trigger();
