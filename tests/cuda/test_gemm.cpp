@@ -323,7 +323,10 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
     for (bool wg : test::gemm_wgmma_modes()) {
         test::gemm_wgmma_scope kernel(wg);
         SCOPED_TRACE(test::gemm_kernel_name(wg));
-        for (auto [T, bm, k] : {std::tuple{1, 64, 4}, {37, 64, 4}, {37, 64, 10}, {300, 64, 4}, {300, 128, 4}, {600, 128, 4}, {2100, 128, 4}}) {
+        std::vector<std::tuple<int, int, int>> cases = {{1, 64, 4}, {37, 64, 4}, {37, 64, 10}, {300, 64, 4}, {300, 128, 4}, {600, 128, 4}, {2100, 128, 4}};
+        if (wg)  // the wgmma GEMM's 80-row tiles: both of its widths (48 and 80 tokens), full and partial tiles
+            cases.insert(cases.end(), {{37, 80, 4}, {300, 80, 4}, {600, 80, 4}});
+        for (auto [T, bm, k] : cases) {
             SCOPED_TRACE("T=" + std::to_string(T) + " tiles of " + std::to_string(bm) + " k=" + std::to_string(k));
             const std::vector<int32_t> idx = skewed_routing(T, E, k, 1000 + (uint32_t)T);
             auto wt = test::random_uniform((size_t)T * k, 5, 0.0f, 1.0f);

@@ -770,8 +770,7 @@ class cuda_backend final : public backend {
                      const float* wt, const float* sig, float* h, uint16_t* h16, float* y, int T) {
         const int E = md.E, k = md.k;
         const int64_t D = md.D, F = md.F;
-        // 128-row tiles once experts average that many rows (fast mode; the precise kernel has 64-row tiles)
-        const int bm = precise_gemm_ || !gemm_wide_tiles_fit(md.gate.fmt) ? k_gemm_bm : moe_tile_rows(T, E, k);
+        const int bm = gemm_grouped_tile_rows(md.gate, precise_gemm_, T, E, k);
         const int max_tiles = moe_max_tiles(T, E, k, bm);
         int32_t* perm = ws_perm_.ensure((size_t)T * k);
         int32_t* pos_of = ws_pos_.ensure((size_t)T * k);

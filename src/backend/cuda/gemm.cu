@@ -22,6 +22,7 @@
 #include "backend/cuda/gemm_wgmma.cuh"
 #endif
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/moe.cuh"
 
 namespace tansy::cuda {
 
@@ -367,6 +368,24 @@ bool gemm_wgmma_available() {
 
 bool gemm_wgmma_enabled() { return gemm_wgmma_requested() && gemm_wgmma_available(); }
 
+namespace {
+bool grouped_on_wgmma(const dmat& W, bool precise) {
+#if TANSY_HAVE_WGMMA
+    return !precise && W.fmt == dfmt::q4 && gemm_wgmma_supports(W.group) && gemm_wgmma_enabled();
+#else
+    (void)W, (void)precise;
+    return false;
+#endif
+}
+}  // namespace
+
+int gemm_grouped_tile_rows(const dmat& W, bool precise, int T, int E, int k) {
+    if (precise || !gemm_wide_tiles_fit(W.fmt)) return BM;
+    const int64_t slots = (int64_t)T * k;
+    if (grouped_on_wgmma(W, precise)) return slots >= (int64_t)k_gemm_wgmma_moe_wide_rows * E ? k_gemm_wgmma_moe_tokens : BM;
+    return slots >= (int64_t)k_moe_wide_rows_per_expert * E ? 2 * BM : BM;
+}
+
 void to_f16(uint16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld, float scale, cudaStream_t stream) {
     TANSY_CHECK(cols % 4 == 0 && ld % 4 == 0 && (uintptr_t)src % 16 == 0 && (uintptr_t)dst % 8 == 0,
                 "to_f16: rows of %lld values (stride %lld) must be 16-byte aligned", (long long)cols, (long long)ld);
@@ -427,8 +446,10 @@ void gemm(const gemm_params& p, cudaStream_t stream) {
                 "gemm: swiglu needs gate and up in the same format");
     TANSY_CHECK(p.epi == gemm_epilogue::store ? p.n_seg >= 1 : (p.out != nullptr || p.out16 != nullptr), "gemm: no output");
     TANSY_CHECK(p.tiles == nullptr || p.epi != gemm_epilogue::store, "gemm: grouped tiles need a rows/swiglu output");
-    TANSY_CHECK(!p.tiles || p.tile_bm == BM || (p.tile_bm == 2 * BM && !p.precise),
-                "gemm: grouped tiles of %d rows (precise mode: %d)", p.tile_bm, BM);
+    TANSY_CHECK(!p.tiles || p.tile_bm == BM || (p.tile_bm == 2 * BM && !p.precise) ||
+                    (p.tile_bm == k_gemm_wgmma_moe_tokens && grouped_on_wgmma(p.W, p.precise)),
+                "gemm: grouped tiles of %d rows (precise mode: %d; %d on the wgmma GEMM only)", p.tile_bm, BM,
+                k_gemm_wgmma_moe_tokens);
     TANSY_CHECK(p.split_k >= 0, "gemm: split_k %d (0: the plan's choice, 1: none, N > 1: N slices)", p.split_k);
     if (p.tiles ? p.max_tiles == 0 : p.M == 0) return;
     gemm_params q = p;

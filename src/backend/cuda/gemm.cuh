@@ -87,6 +87,11 @@ bool gemm_wide_tiles_fit(dfmt f);
 bool gemm_wgmma_available();
 bool gemm_wgmma_enabled();
 
+// Rows per tile for moe_plan when T tokens pick k of E experts whose matrices look like W: on the wgmma GEMM 80
+// (k_gemm_wgmma_moe_tokens) once experts average k_gemm_wgmma_moe_wide_rows rows; on mma.sync 128 once they
+// average k_moe_wide_rows_per_expert (fast mode, where such tiles fit); else 64.
+int gemm_grouped_tile_rows(const dmat& W, bool precise, int T, int E, int k);
+
 // The K slices gemm() takes for p (1: no split): dense store calls on the precise kernel or the wgmma GEMM only.
 int gemm_split_slices(const gemm_params& p);
 // The workspace floats p.split_ws must hold for gemm(p) (0: none).

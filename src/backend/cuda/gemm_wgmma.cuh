@@ -17,8 +17,8 @@ inline bool gemm_wgmma_supports(int group) { return group >= 32 && (group & (gro
 inline int gemm_wgmma_tile_tokens(const gemm_params& p) {
     return p.tiles ? p.tile_bm : p.M >= k_gemm_wide_min_rows ? k_gemm_wgmma_dense_tokens : 64;
 }
-inline int gemm_wgmma_ctas_per_sm(int tokens) { return tokens == 64 ? 2 : 1; }
-// gemm() for 4-bit W in fast mode (dense calls, grouped calls with tile_bm 64 or 128); p already validated by gemm().
+inline int gemm_wgmma_ctas_per_sm(int tokens) { return tokens <= k_gemm_wgmma_moe_tokens ? 2 : 1; }
+// gemm() for 4-bit W in fast mode (dense calls, grouped calls with tile_bm 64, 80 or 128); p already validated by gemm().
 void gemm_wgmma(const gemm_params& p, cudaStream_t stream);
 
 }  // namespace tansy::cuda

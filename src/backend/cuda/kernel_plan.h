@@ -28,6 +28,13 @@ constexpr int k_gemm_min_rows = 17;
 // tiles of k_gemm_wgmma_dense_tokens tokens (64 below). 256 against 128 measured +5% on 2K and 8K prompts (H100).
 constexpr int k_gemm_wide_min_rows = 512;
 constexpr int k_gemm_wgmma_dense_tokens = 256;
+// Routed experts' tiles on the wgmma GEMM (moe_plan's bm): a tile costs about the same whether it holds 8 tokens
+// or 64, so the widest tile that still runs two CTAs an SM (80 tokens: 128 registers) leaves the fewest tiles
+// once experts average k_gemm_wgmma_moe_wide_rows rows (a 2K prompt's average 64: 64-token tiles split half of
+// them in two); below, 64-token tiles (the 80-token kernel runs a few % slower per tile). 128-token tiles (one CTA
+// an SM) measured slower than either at 4K and 8K tokens (H100).
+constexpr int k_gemm_wgmma_moe_tokens = 80;
+constexpr int k_gemm_wgmma_moe_wide_rows = 48;
 // The GEMV's RMS-norm prologue handles up to this many rows (a shared array's size); more are normalised first.
 constexpr int k_gemv_max_norm_rows = 16;
 // The tensor-core GEMV takes up to 16 input rows (two mma n-groups of 8); a batch the 16-row form cannot hold

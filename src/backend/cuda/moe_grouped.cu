@@ -5,6 +5,7 @@
 // the combine sums each token's k expert rows and the shared expert in a fixed order (deterministic).
 #include <algorithm>
 
+#include "backend/cuda/kernel_plan.h"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/topk.cuh"
 
@@ -86,10 +87,6 @@ __global__ void combine_kernel(float* x, int64_t ldx, const float* y, const floa
 
 }  // namespace
 
-int moe_tile_rows(int T, int E, int k) {
-    return (int64_t)T * k >= (int64_t)k_moe_wide_rows_per_expert * E ? 2 * k_gemm_bm : k_gemm_bm;
-}
-
 int moe_max_tiles(int T, int E, int k, int bm, bool shared) {
     const int n = T * k;
     // every used expert adds at most one partial tile
@@ -99,7 +96,8 @@ int moe_max_tiles(int T, int E, int k, int bm, bool shared) {
 void moe_plan(int32_t* perm, int32_t* pos_of, gemm_tile* tiles, int32_t* n_tiles, const int32_t* idx, int T, int E,
               int k, int bm, cudaStream_t stream, bool shared) {
     TANSY_CHECK(E <= k_max_experts, "cuda moe: at most %d experts, got %d", k_max_experts, E);
-    TANSY_CHECK(bm == k_gemm_bm || bm == 2 * k_gemm_bm || bm == k_moe_small_bm, "cuda moe: tiles of %d rows", bm);
+    TANSY_CHECK(bm == k_gemm_bm || bm == 2 * k_gemm_bm || bm == k_gemm_wgmma_moe_tokens || bm == k_moe_small_bm,
+                "cuda moe: tiles of %d rows", bm);
     plan_kernel<<<1, k_plan_threads, 0, stream>>>(perm, pos_of, tiles, n_tiles, idx, T, E, k, bm, shared ? T : 0);
     CUDA_CHECK_LAUNCH();
 }

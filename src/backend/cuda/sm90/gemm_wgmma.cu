@@ -2,8 +2,8 @@
 // gemm_fast_kernel (gemm.cu), with the products on wgmma and the weights dequantised in registers. Built for sm_90a
 // only (CMakeLists.txt); gemm() takes it on compute capability 9.0 unless the kernel plan says wgmma=off.
 // The product is computed transposed, Y^T = W X^T: a CTA (256 threads, two warpgroups) takes 128 W rows, warpgroup
-// g rows 64g .. 64g+63 as wgmma's A operand straight from registers, against NT token rows (64, 128 or 256: the
-// tile list's rows, or kernel_plan.h's k_gemm_wgmma_dense_tokens) as the B operand, fp16 in shared memory in the
+// g rows 64g .. 64g+63 as wgmma's A operand straight from registers, against NT token rows (64, 80, 128 or 256:
+// the tile list's rows, or kernel_plan.h's k_gemm_wgmma_dense_tokens; a tile with fewer rows multiplies fewer) as the B operand, fp16 in shared memory in the
 // 128-byte-swizzled K-major layout (16-byte chunk c of row r at chunk c ^ (r % 8), 8-row atoms of 1024 bytes).
 // Each weight is read from shared memory and dequantised once per CTA, by the thread whose fragment holds it:
 // no dequantised copy goes through shared memory, and the only other shared-memory reader is wgmma's B fetch.
@@ -13,6 +13,7 @@
 // (tile_out) in 16-byte row-contiguous stores.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/gemm_tile.cuh"
 #include "backend/cuda/gemm_wgmma.cuh"
@@ -40,10 +41,11 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 // Generic-proxy writes to shared memory (st.shared, cp.async) made visible to the async proxy (wgmma operands).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
-template <int N>
+// (the first USED of them: those a narrower wgmma writes)
+template <int N, int USED = N>
 __device__ __forceinline__ void fence_acc(float (&d)[N]) {
 #pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < USED; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 template <int N>
@@ -63,6 +65,17 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4],
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
         "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
         : TANSY_D8(0), TANSY_D8(8), TANSY_D8(16), TANSY_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[40], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39"
+        "}, {%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
+        : TANSY_D8(0), TANSY_D8(8), TANSY_D8(16), TANSY_D8(24), TANSY_D8(32)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
@@ -94,6 +107,49 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[128], const uint32_t (&a)[4]
           TANSY_D8(64), TANSY_D8(72), TANSY_D8(80), TANSY_D8(88), TANSY_D8(96), TANSY_D8(104), TANSY_D8(112), TANSY_D8(120)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
+// The same on d's first N/2 accumulators (token columns 0 .. N-1) for N = 16, 32, 48, 64: a tile holding fewer
+// tokens than its width multiplies only the 16-column groups it has (the accumulator layout of a narrower wgmma
+// is the wider one's prefix).
+template <int N, int A>
+__device__ __forceinline__ void wgmma_rs_n(float (&d)[A], const uint32_t (&a)[4], uint64_t db) {
+    static_assert(N % 16 == 0 && N / 2 <= A, "a prefix of the accumulators");
+    if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : TANSY_D8(0), TANSY_D8(8), TANSY_D8(16), TANSY_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    } else if constexpr (N == 16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : TANSY_D8(0)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    } else if constexpr (N == 32) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : TANSY_D8(0), TANSY_D8(8)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    } else {
+        static_assert(N == 48, "N = 16, 32, 48 or 64");
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23"
+        "}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+        : TANSY_D8(0), TANSY_D8(8), TANSY_D8(16)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    }
+}
 #undef TANSY_D8
 
 // The two 4-bit codes of byte `sel & 3` of `word` (low nibble: the even value) as the half2 (q_lo s + b, q_hi s + b),
@@ -115,14 +171,14 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, uint32_t sel, __
 // against NT token rows (the B operand: the GEMM's fp16 A rows, 128-byte-swizzled K-major in shared memory).
 // Ring stage: X [NT][64] fp16 | W words [128][32 bytes] (the two 16-byte chunks of row r swapped when bit 2 of r
 // is set: a warp's eight rows then read distinct banks) | (scale, bias) [128][2]. 8 stages (5 of 37 KB at 256
-// tokens); two CTAs an SM at 64 tokens (<= 128 registers a thread).
+// tokens, 7 at 80); two CTAs an SM at 64 and 80 tokens (<= 128 registers a thread).
 template <int NT>
 struct wg_layout {
     static constexpr int WROWS = 128;
-    static constexpr int STAGES = NT == 256 ? 5 : 8;
+    static constexpr int STAGES = NT == 256 ? 5 : NT == 80 ? 7 : 8;  // 80 tokens: 7, so that two CTAs fit an SM
     static constexpr int PREFETCH = STAGES - 2;  // k-tiles in flight: the stage of k-tile kt-1 is still being read
     static_assert(PREFETCH >= 2, "k-tile kt + 1 lands while kt is multiplied");
-    static constexpr int CTAS = NT == 64 ? 2 : 1;  // per SM
+    static constexpr int CTAS = NT <= 80 ? 2 : 1;  // per SM
     static constexpr uint32_t X_BYTES = (uint32_t)NT * BK * 2;
     static constexpr uint32_t W_BYTES = (uint32_t)WROWS * (BK / 2);
     static constexpr uint32_t SB_BYTES = (uint32_t)WROWS * 2 * 4;
@@ -266,7 +322,7 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = wg_layout<NT>;
     constexpr int STAGES = L::STAGES, PREFETCH = L::PREFETCH;
-    constexpr int X_CHUNKS = NT * (BK / 8) / k_threads;  // 16-byte chunks of X per thread and k-tile
+    constexpr int X_CHUNKS = (NT * (BK / 8) + k_threads - 1) / k_threads;  // 16-byte chunks of X per thread and k-tile
     static_assert(L::WROWS * 2 == k_threads, "one W chunk and one (scale, bias) word per thread and k-tile");
     extern __shared__ __align__(16) unsigned char smem_dyn[];
     unsigned char* smem = smem_dyn + ((1024 - (smem_addr(smem_dyn) & 1023)) & 1023);
@@ -286,10 +342,10 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
     uint32_t xbytes[X_CHUNKS], xdst[X_CHUNKS];
 #pragma unroll
     for (int i = 0; i < X_CHUNKS; i++) {
-        const int r = tid / 8 + 32 * i;
+        const int r = tid / 8 + 32 * i;  // past NT (80 tokens: the third chunk of 3/4 of the threads): no copy
         xsrc[i] = reinterpret_cast<const unsigned char*>(p.x16 + (r < rows ? a_row(p, row0 + r) * p.ldx16 : 0) + (tid % 8) * 8);
         xbytes[i] = r < rows ? 16 : 0;
-        xdst[i] = 2 * sw128(r, tid % 8);
+        xdst[i] = r < NT ? 2 * sw128(r, tid % 8) : 0xFFFFFFFFu;
     }
     const int wr = tid / 2, half = tid % 2;
     int64_t wrow;
@@ -305,7 +361,8 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
         const uint32_t st = sbase + (uint32_t)(kt % STAGES) * L::STAGE;
         const int kw = kt0 + kt;
 #pragma unroll
-        for (int i = 0; i < X_CHUNKS; i++) cp_async16_zfill(st + xdst[i], xsrc[i] + kw * (BK * 2), xbytes[i]);
+        for (int i = 0; i < X_CHUNKS; i++)
+            if ((NT * (BK / 8)) % k_threads == 0 || xdst[i] != 0xFFFFFFFFu) cp_async16_zfill(st + xdst[i], xsrc[i] + kw * (BK * 2), xbytes[i]);
         cp_async16_zfill(st + wdst, wsrc + kw * (BK / 2), wbytes);
         cp_async4_zfill(st + sbdst, sbsrc + ((kw * BK + half * 32) >> gshift), sbbytes);
     };
@@ -331,7 +388,10 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
     for (int i = 0; i < NT / 2; i++) acc[i] = 0.0f;
     // k-tile kt: its fragments were made in step kt-1; its wgmma group runs while k-tile kt+1's are made (after
     // the group of kt-1 has finished with the registers they reuse)
-    auto step = [&](int kt, uint32_t(&cur)[4][4], uint32_t(&next)[4][4]) {
+    // N: the token columns wgmma multiplies: NT, or fewer where the tile holds fewer rows (64-token tiles: 16, 32
+    // or 48; 80-token tiles: 48)
+    auto step = [&](int kt, uint32_t(&cur)[4][4], uint32_t(&next)[4][4], auto n) {
+        constexpr int N = decltype(n)::value;
         cp_async_wait<PREFETCH - 2>();  // k-tiles <= kt + 1 have landed (this thread's copies)
         fence_proxy_async();            // ... visible to wgmma
         __syncthreads();                // everyone's; the groups of k-tiles <= kt-2 are done: their stage is free
@@ -340,15 +400,37 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
         const uint64_t dx = desc0 + ((kt % STAGES) * L::STAGE >> 4);  // X of stage kt % STAGES
         wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < BK / 16; s++) wgmma_rs(acc, cur[s], dx + 2 * s);  // + 32 bytes per k16
+        for (int s = 0; s < BK / 16; s++) {  // + 32 bytes per k16
+            if constexpr (N == NT)
+                wgmma_rs(acc, cur[s], dx + 2 * s);
+            else
+                wgmma_rs_n<N>(acc, cur[s], dx + 2 * s);
+        }
         wgmma_commit();
         wgmma_wait<1>();  // k-tile kt-1's group: `next` is free
-        fence_acc(acc);
+        fence_acc<NT / 2, N / 2>(acc);
         if (kt + 1 < nk) fragments(next, kt + 1);
     };
-    for (int kt = 0; kt < nk; kt += 2) {
-        step(kt, a0, a1);
-        if (kt + 1 < nk) step(kt + 1, a1, a0);
+    auto k_loop = [&](auto n) {
+        for (int kt = 0; kt < nk; kt += 2) {
+            step(kt, a0, a1, n);
+            if (kt + 1 < nk) step(kt + 1, a1, a0, n);
+        }
+    };
+    if constexpr (NT == 64) {
+        switch ((rows + 15) / 16) {
+            case 1: k_loop(std::integral_constant<int, 16>{}); break;
+            case 2: k_loop(std::integral_constant<int, 32>{}); break;
+            case 3: k_loop(std::integral_constant<int, 48>{}); break;
+            default: k_loop(std::integral_constant<int, 64>{});
+        }
+    } else if constexpr (NT == 80) {  // (more widths here and ptxas serialises the wgmma: C7511, registers)
+        if (rows <= 48)
+            k_loop(std::integral_constant<int, 48>{});
+        else
+            k_loop(std::integral_constant<int, 80>{});
+    } else {
+        k_loop(std::integral_constant<int, NT>{});
     }
     wgmma_wait<0>();
     fence_acc(acc);
@@ -375,11 +457,13 @@ void launch(const gemm_params& p, cudaStream_t stream) {
 template <gemm_epilogue EPI>
 void launch(const gemm_params& p, cudaStream_t stream) {
     const int nt = gemm_wgmma_tile_tokens(p);
-    static_assert(wg_layout<64>::CTAS == 2 && wg_layout<128>::CTAS == 1, "gemm_wgmma_ctas_per_sm");
+    static_assert(wg_layout<64>::CTAS == 2 && wg_layout<80>::CTAS == 2 && wg_layout<128>::CTAS == 1, "gemm_wgmma_ctas_per_sm");
     if (nt == 256)
         launch<EPI, 256>(p, stream);
     else if (nt == 128)
         launch<EPI, 128>(p, stream);
+    else if (nt == 80)
+        launch<EPI, 80>(p, stream);
     else
         launch<EPI, 64>(p, stream);
 }
@@ -392,14 +476,14 @@ bool gemm_wgmma_device() {
         if (cudaGetDevice(&dev) != cudaSuccess) return false;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        return major == 9 && minor == 0 && max_dynamic_smem() >= std::max({wg_layout<64>::SMEM, wg_layout<128>::SMEM, wg_layout<256>::SMEM});
+        return major == 9 && minor == 0 && max_dynamic_smem() >= std::max({wg_layout<64>::SMEM, wg_layout<80>::SMEM, wg_layout<128>::SMEM, wg_layout<256>::SMEM});
     }();
     return ok;
 }
 
 void gemm_wgmma(const gemm_params& p, cudaStream_t stream) {
-    TANSY_CHECK(p.W.fmt == dfmt::q4 && !p.precise && gemm_wgmma_supports(p.W.group) && (!p.tiles || p.tile_bm == 64 || p.tile_bm == 128),
-                "gemm_wgmma: 4-bit fast mode, groups of a power of two >= 32, tiles of 64 or 128 rows");
+    TANSY_CHECK(p.W.fmt == dfmt::q4 && !p.precise && gemm_wgmma_supports(p.W.group) && (!p.tiles || p.tile_bm == 64 || p.tile_bm == 80 || p.tile_bm == 128),
+                "gemm_wgmma: 4-bit fast mode, groups of a power of two >= 32, tiles of 64, 80 or 128 rows");
     switch (p.epi) {
         case gemm_epilogue::store: return launch<gemm_epilogue::store>(p, stream);
         case gemm_epilogue::rows: return launch<gemm_epilogue::rows>(p, stream);
