@@ -54,19 +54,12 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // d (64 x N fp32, accumulated) += A (64 x 16 fp16 in registers: the mma.sync m16n8k16 A fragment of warp w of
-// the warpgroup for rows 16w .. 16w+15) B (16 x N fp16, shared memory, K-major). N = 64, 128 or 256.
+// the warpgroup for rows 16w .. 16w+15) B (16 x N fp16, shared memory, K-major). N = 64, 80, 128 or 256.
 #define TANSY_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                     "+f"(d[i + 6]), "+f"(d[i + 7])
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : TANSY_D8(0), TANSY_D8(8), TANSY_D8(16), TANSY_D8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
+template <int N, int A>
+__device__ __forceinline__ void wgmma_rs_n(float (&d)[A], const uint32_t (&a)[4], uint64_t db);
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<64>(d, a, db); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[40], const uint32_t (&a)[4], uint64_t db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
@@ -345,7 +338,7 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
         const int r = tid / 8 + 32 * i;  // past NT (80 tokens: the third chunk of 3/4 of the threads): no copy
         xsrc[i] = reinterpret_cast<const unsigned char*>(p.x16 + (r < rows ? a_row(p, row0 + r) * p.ldx16 : 0) + (tid % 8) * 8);
         xbytes[i] = r < rows ? 16 : 0;
-        xdst[i] = r < NT ? 2 * sw128(r, tid % 8) : 0xFFFFFFFFu;
+        xdst[i] = (NT * (BK / 8)) % k_threads == 0 || r < NT ? 2 * sw128(r, tid % 8) : 0xFFFFFFFFu;
     }
     const int wr = tid / 2, half = tid % 2;
     int64_t wrow;
