@@ -86,7 +86,8 @@ TEST(kernel_plan, describes_each_row_range) {
     const std::string s = cuda::make_kernel_plan(dev, nullptr, false, {}).describe("  ");
     for (const char* want :
          {"device     test device: compute capability 9.0, 132 SMs", "mma=gemvn int8=on wgmma=on", "1 row", "2-16 rows",
-          "17+ rows   dense: GEMM, 4-bit on wgmma", "from 512 rows 256-token tiles", "attention  spans < 16 rows",
+          "17+ rows   dense: GEMM, 4-bit on wgmma", "from 512 rows 256-token tiles",
+          "80-token tiles once experts average 48 rows (wgmma)", "attention  spans < 16 rows",
           "deltanet   spans <= 16 rows"})
         EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
     EXPECT_NE(s.find("\n  "), std::string::npos);  // continuation lines take the indent
@@ -98,6 +99,8 @@ TEST(kernel_plan, describes_each_row_range) {
     kernel_options no_wgmma;
     no_wgmma.gemm_wgmma = 0;
     EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, false, no_wgmma).describe().find("from 512 rows 128-row tiles where they fit (mma.sync)"),
+              std::string::npos);
+    EXPECT_NE(cuda::make_kernel_plan(dev, nullptr, false, no_wgmma).describe().find("128-row tiles once experts average that many"),
               std::string::npos);
     kernel_options off;
     off.moe_groups = off.dense_groups = 0;

@@ -45,7 +45,7 @@ struct gemm_params {
     const gemm_tile* tiles = nullptr;
     const int32_t* n_tiles = nullptr;
     int max_tiles = 0;
-    int tile_bm = k_gemm_bm;  // grouped: the most rows of a tile (moe_plan's bm: 64 or 128)
+    int tile_bm = k_gemm_bm;  // grouped: the most rows of a tile (moe_plan's bm: 64, 128, or 80 on wgmma)
     gemm_epilogue epi = gemm_epilogue::store;
     gemv_segment seg[4];  // store
     int n_seg = 1;

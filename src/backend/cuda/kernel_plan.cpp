@@ -257,9 +257,15 @@ std::string kernel_plan::describe(const char* indent) const {
     if (moe_groups >= k_gemm_min_rows)
         line("%d-%d rows  moe: the decode kernels above in groups of <= %d rows; router: the general GEMV", k_gemm_min_rows,
              moe_groups, k_mma_max_tokens);
+    char moe_tiles[96] = "";
+    if (fast && wgmma())
+        std::snprintf(moe_tiles, sizeof moe_tiles, ", %d-token tiles once experts average %d rows (wgmma)",
+                      k_gemm_wgmma_moe_tokens, k_gemm_wgmma_moe_wide_rows);
+    else if (fast)
+        std::snprintf(moe_tiles, sizeof moe_tiles, ", 128-row tiles once experts average that many");
     line("%d+ rows   moe: grouped GEMMs over expert-sorted rows (moe_grouped.cu)%s, shared expert on a side stream; "
          "router: a precise GEMM",
-         std::max(k_gemm_min_rows, moe_groups + 1), fast ? ", 128-row tiles once experts average that many" : "");
+         std::max(k_gemm_min_rows, moe_groups + 1), moe_tiles);
     line(
         "attention  spans < %d rows: split-K decode (attention.cu); longer: flash prefill tiles (attention_prefill.cu)",
         k_attn_prefill_min_rows);
