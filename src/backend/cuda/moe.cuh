@@ -59,8 +59,9 @@ bool moe_tap_supports(const dmoe& m);
 // Device-side routing plan for T tokens x k slots: slots sorted by expert (perm[p] = t*k + j at sorted position
 // p, pos_of[t*k + j] = p) and the work list of gemm tiles (expert, first sorted row, rows <= bm), at most
 // moe_max_tiles(T, E, k, bm, shared) of them, the count in *n_tiles. One CTA; no host synchronisation. bm is 64,
-// 80 or 128 (gemm_params::tile_bm, as gemm_grouped_tile_rows picks it), or k_moe_small_bm (moe_small_gate_up). shared: the shared expert's tiles follow the routed ones, as expert E over
-// sorted rows [T k, T k + T) (row T k + t is token t).
+// 80 or 128 (gemm_params::tile_bm, as gemm_grouped_tile_rows picks it), or k_moe_small_bm (moe_small_gate_up).
+// shared: the shared expert's tiles follow the routed ones, as expert E over sorted rows [T k, T k + T) (row
+// T k + t is token t).
 constexpr int k_moe_wide_rows_per_expert = 128;
 int moe_max_tiles(int T, int E, int k, int bm, bool shared = false);
 void moe_plan(int32_t* perm, int32_t* pos_of, gemm_tile* tiles, int32_t* n_tiles, const int32_t* idx, int T, int E,

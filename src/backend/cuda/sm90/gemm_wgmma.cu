@@ -3,8 +3,9 @@
 // only (CMakeLists.txt); gemm() takes it on compute capability 9.0 unless the kernel plan says wgmma=off.
 // The product is computed transposed, Y^T = W X^T: a CTA (256 threads, two warpgroups) takes 128 W rows, warpgroup
 // g rows 64g .. 64g+63 as wgmma's A operand straight from registers, against NT token rows (64, 80, 128 or 256:
-// the tile list's rows, or kernel_plan.h's k_gemm_wgmma_dense_tokens; a tile with fewer rows multiplies fewer) as the B operand, fp16 in shared memory in the
-// 128-byte-swizzled K-major layout (16-byte chunk c of row r at chunk c ^ (r % 8), 8-row atoms of 1024 bytes).
+// the tile list's rows, or kernel_plan.h's k_gemm_wgmma_dense_tokens; a tile with fewer rows multiplies fewer)
+// as the B operand, fp16 in shared memory in the 128-byte-swizzled K-major layout (16-byte chunk c of row r at
+// chunk c ^ (r % 8), 8-row atoms of 1024 bytes).
 // Each weight is read from shared memory and dequantised once per CTA, by the thread whose fragment holds it:
 // no dequantised copy goes through shared memory, and the only other shared-memory reader is wgmma's B fetch.
 // Per k-tile (64): wait for the ring, fence the cp.async writes for the async proxy, one barrier, issue the copies
