@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
         const double peak = a.number("--peak-tflops", 989.0);
         if (T < 1 || T > 65536 || rounds < 1 || reps < 1) fail("--tokens 1..65536, --rounds and --reps >= 1");
         if (routing != "uniform" && routing != "hot") fail("--routing: uniform or hot, not '%s'", routing.c_str());
+        const int64_t bm_arg = a.integer("--bm", 64);
+        if (bm_arg != 64 && bm_arg != 80 && bm_arg != 128) fail("--bm: 64, 80 or 128, not %lld", (long long)bm_arg);
         std::string why;
         if (cuda::device_count(&why) == 0) fail("%s", why.c_str());
         // Qwen3.6-35B-A3B: hidden 2048, 256 experts of 512 features, top-8; the DeltaNet input projection's 8,192 rows
@@ -91,6 +93,8 @@ int main(int argc, char** argv) {
         const cuda::dmat Wg = filler_q4(E * F, D, keep), Wu = filler_q4(E * F, D, keep), Wd = filler_q4(E * D, F, keep),
                          Wn = filler_q4(ND, D, keep);
         const int bm = (int)a.integer("--bm", cuda::gemm_grouped_tile_rows(Wg, false, T, E, k));
+        if (bm == 80 && !cuda::gemm_wgmma_enabled()) fail("--bm 80: tiles of the wgmma GEMM, which this build or device lacks");
+        if (bm == 128 && !cuda::gemm_wide_tiles_fit(cuda::dfmt::q4)) fail("--bm 128: the tiles do not fit this device");
         const int max_tiles = cuda::moe_max_tiles(T, E, k, bm);
         cuda::device_buffer didx((size_t)T * k * 4), perm((size_t)T * k * 4), pos((size_t)T * k * 4),
             tiles((size_t)max_tiles * sizeof(cuda::gemm_tile)), ntiles(4), y((size_t)T * k * D * 4), yn((size_t)T * ND * 4);
