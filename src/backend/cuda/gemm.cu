@@ -369,7 +369,8 @@ bool gemm_wgmma_available() {
 bool gemm_wgmma_enabled() { return gemm_wgmma_requested() && gemm_wgmma_available(); }
 
 namespace {
-bool grouped_on_wgmma(const dmat& W, bool precise) {
+// Whether gemm() takes the wgmma GEMM for this matrix (4-bit, fast mode, a group it supports, the plan's switch on).
+bool runs_on_wgmma(const dmat& W, bool precise) {
 #if TANSY_HAVE_WGMMA
     return !precise && W.fmt == dfmt::q4 && gemm_wgmma_supports(W.group) && gemm_wgmma_enabled();
 #else
@@ -382,7 +383,7 @@ bool grouped_on_wgmma(const dmat& W, bool precise) {
 int gemm_grouped_tile_rows(const dmat& W, bool precise, int T, int E, int k) {
     if (precise || !gemm_wide_tiles_fit(W.fmt)) return BM;
     const int64_t slots = (int64_t)T * k;
-    if (grouped_on_wgmma(W, precise)) return slots >= (int64_t)k_gemm_wgmma_moe_wide_rows * E ? k_gemm_wgmma_moe_tokens : BM;
+    if (runs_on_wgmma(W, precise)) return slots >= (int64_t)k_gemm_wgmma_moe_wide_rows * E ? k_gemm_wgmma_moe_tokens : BM;
     return slots >= (int64_t)k_moe_wide_rows_per_expert * E ? 2 * BM : BM;
 }
 
@@ -408,10 +409,7 @@ bool gemm_wide_tiles_fit(dfmt f) { return fast_smem<2 * BM>(f) <= max_dynamic_sm
 int gemm_split_slices(const gemm_params& p) {
     if (p.split_k == 1 || p.tiles || p.epi != gemm_epilogue::store || p.M == 0) return 1;
     const int nk = (int)(p.W.cols / BK);
-    bool wg = false;  // the wgmma GEMM runs p (gemm_fast_kernel has no K slices)
-#if TANSY_HAVE_WGMMA
-    wg = !p.precise && p.W.fmt == dfmt::q4 && gemm_wgmma_supports(p.W.group) && gemm_wgmma_enabled();
-#endif
+    const bool wg = runs_on_wgmma(p.W, p.precise);  // (gemm_fast_kernel has no K slices)
     if (!p.precise && !wg) return 1;
     if (p.split_k > 1) return std::min(p.split_k, nk);
     const int most = active_kernel_plan().gemm_split;
@@ -447,7 +445,7 @@ void gemm(const gemm_params& p, cudaStream_t stream) {
     TANSY_CHECK(p.epi == gemm_epilogue::store ? p.n_seg >= 1 : (p.out != nullptr || p.out16 != nullptr), "gemm: no output");
     TANSY_CHECK(p.tiles == nullptr || p.epi != gemm_epilogue::store, "gemm: grouped tiles need a rows/swiglu output");
     TANSY_CHECK(!p.tiles || p.tile_bm == BM || (p.tile_bm == 2 * BM && !p.precise) ||
-                    (p.tile_bm == k_gemm_wgmma_moe_tokens && grouped_on_wgmma(p.W, p.precise)),
+                    (p.tile_bm == k_gemm_wgmma_moe_tokens && runs_on_wgmma(p.W, p.precise)),
                 "gemm: grouped tiles of %d rows (precise mode: %d; %d on the wgmma GEMM only)", p.tile_bm, BM,
                 k_gemm_wgmma_moe_tokens);
     TANSY_CHECK(p.split_k >= 0, "gemm: split_k %d (0: the plan's choice, 1: none, N > 1: N slices)", p.split_k);
