@@ -282,6 +282,10 @@ struct backend_options {
     // KV cache in FP8 E4M3 with a power-of-two scale per (position, KV head) (core/fp8.h) instead of bf16: half
     // the cache's memory and bytes per decode step, ~2^-4 relative rounding of K and V (docs/QUALITY.md).
     bool kv_fp8 = false;
+    // DeltaNet recurrent state stored in bf16 instead of fp32 (computed in fp32; rounded to nearest even where a
+    // span ends and at a mark): half the state's memory and bytes per decode step, the largest term at large
+    // batches (docs/QUALITY.md, docs/PERF.md).
+    bool state_bf16 = false;
     kernel_options kernels;
 };
 

@@ -83,6 +83,7 @@ int cmd_bench(int argc, char** argv) {
     eo.backend_opt.synthetic_seed = (uint64_t)p.integer("--seed", 1);
     eo.backend_opt.router_skew = (float)p.number("--skew", 0.0);
     o.kv_fp8 = eo.backend_opt.kv_fp8;
+    o.state_bf16 = eo.backend_opt.state_bf16;
     std::unique_ptr<engine> eng;
     std::string what;
     if (p.has("--synthetic")) {
@@ -117,6 +118,7 @@ int cmd_bench(int argc, char** argv) {
     }
     if (p.has("--json")) {
         nlohmann::json j = {{"model", what}, {"device", eng->be().device_name()}, {"kv_cache", o.kv_fp8 ? "fp8" : "bf16"},
+                            {"deltanet_state", o.state_bf16 ? "bf16" : "fp32"},
                             {"decode_sampling", o.sampling.temperature > 0 ? "sampled" : "greedy"},
                             {"peak_gbps", o.peak_gbps},
                             {"peak_tflops", o.peak_tflops}, {"rows", nlohmann::json::array()},
@@ -138,8 +140,8 @@ int cmd_bench(int argc, char** argv) {
         for (const bench_point& r : rows)
             printf("%6lld %8lld %10.1f %9.3f %10.1f %8.1f %9.1f%% %9.2f\n", (long long)r.batch, (long long)r.context, r.tok_s,
                    r.step_s * 1e3, r.bytes_per_step / 1e6, r.gbps, r.roofline_pct, r.peak_gib);
-        printf("roofline: %.0f GB/s (--peak-gbps); bytes/step = weights touched + KV cache (%s) + DeltaNet state\n",
-               o.peak_gbps, o.kv_fp8 ? "FP8 E4M3 + a scale per KV head" : "bf16");
+        printf("roofline: %.0f GB/s (--peak-gbps); bytes/step = weights touched + KV cache (%s) + DeltaNet state "
+               "(%s)\n", o.peak_gbps, o.kv_fp8 ? "FP8 E4M3 + a scale per KV head" : "bf16", o.state_bf16 ? "bf16" : "fp32");
     }
     if (!prefill.empty()) {
         if (!rows.empty()) printf("\n");

@@ -368,6 +368,7 @@ int cmd_bench_serve(int argc, char** argv) {
     bo.runs = (int)p.integer("--engine-runs", 5);
     if (bo.steps < 1 || bo.runs < 1) fail("bench --serve: --engine-steps and --engine-runs must be >= 1");
     bo.kv_fp8 = so.engine.backend_opt.kv_fp8;
+    bo.state_bf16 = so.engine.backend_opt.state_bf16;
     if (!http_available())
         fail("bench --serve: this tansy was built without its HTTP server (install libasio-dev and rebuild)");
 

@@ -137,6 +137,7 @@ run_result run_side(const std::string& name, const engine_options& o, const std:
     r.weights = describe_weights(eng->mdl());
     if (o.weights == "q4") r.weights += ", quantised at load";
     if (o.backend_opt.kv_fp8) r.weights += ", FP8 KV cache";
+    if (o.backend_opt.state_bf16) r.weights += ", bf16 DeltaNet state";
     r.vocab = eng->cfg().vocab;
     // Rows 0..positions-1 predict ids 1..positions: the last id is a target only.
     const std::vector<int32_t> in(ids.begin(), ids.begin() + positions);
@@ -187,6 +188,7 @@ int cmd_eval(int argc, char** argv) {
         "E.g. bf16 cpu vs 4-bit cpu:  --model BF16_DIR --compare-weights q4\n"
         "     4-bit cpu vs 4-bit gpu: --model Q4_DIR --compare-backend cuda\n"
         "     bf16 vs FP8 KV cache:    --compare-kv-cache fp8\n"
+        "     fp32 vs bf16 DeltaNet state, stored after every token: --compare-deltanet-state bf16 --prefill-chunk 1\n"
         "Reference tensors: logits [n, vocab] (KL, top-1, their perplexity), argmax ids [n] (top-1), or NLL [n]\n"
         "floats (their mean); a reference may cover all n positions or the n-1 predicted ones.\n"
         "--lily evaluates the first 192 predicted positions and prints Perplexity's Lily figures beside them.");
@@ -197,6 +199,7 @@ int cmd_eval(int argc, char** argv) {
         .option("--compare-backend", "NAME", "run B's backend: cpu or cuda (default: run A's)")
         .option("--compare-weights", "W", "run B's weights: checkpoint, q4 or bf16 (default: run A's)")
         .option("--compare-kv-cache", "TYPE", "run B's KV cache: bf16 or fp8 (default: run A's)")
+        .option("--compare-deltanet-state", "TYPE", "run B's DeltaNet state: fp32 or bf16 (default: run A's)")
         .option("--reference", "PATH", "safetensors file with reference tensors")
         .option("--reference-key", "KEY", "tensor to compare with (repeatable)", "", true)
         .option("--positions", "N", "evaluate only the first N predicted positions")
@@ -233,12 +236,14 @@ int cmd_eval(int argc, char** argv) {
     }
 
     const bool compare = p.has("--compare-model") || p.has("--compare-backend") || p.has("--compare-weights") ||
-                         p.has("--compare-kv-cache");
+                         p.has("--compare-kv-cache") || p.has("--compare-deltanet-state");
     engine_options ob = oa;
     if (p.has("--compare-model")) ob.model_dir = model_path_arg(p, "--compare-model");
     if (p.has("--compare-backend")) ob.backend = p.str("--compare-backend");
     if (p.has("--compare-weights")) ob.weights = p.str("--compare-weights");
     if (p.has("--compare-kv-cache")) ob.backend_opt.kv_fp8 = kv_fp8_from(p.str("--compare-kv-cache"), "--compare-kv-cache");
+    if (p.has("--compare-deltanet-state"))
+        ob.backend_opt.state_bf16 = state_bf16_from(p.str("--compare-deltanet-state"), "--compare-deltanet-state");
 
     // The runs one after the other, so that only one model is in memory at a time.
     std::vector<run_result> runs;

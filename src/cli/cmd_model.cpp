@@ -38,6 +38,10 @@ void add_engine_options(arg_parser& p) {
         .option("--kv-cache", "TYPE",
                 "KV cache: bf16 (the default) or fp8 (E4M3 with a power-of-two scale per position and KV head: half "
                 "the memory and decode traffic of long contexts, ~2^-4 relative rounding of K and V)")
+        .option("--deltanet-state", "TYPE",
+                "DeltaNet recurrent state: fp32 (the default) or bf16 (computed in fp32, stored rounded after each "
+                "step: half the state's memory and decode traffic, the largest term of big decode batches; "
+                "docs/QUALITY.md)")
         .option("--kernels", "KEY=VALUE,...",
                 "cuda kernel families, for A/B runs (the plan's choice otherwise; tansy info --backend cuda prints "
                 "it): mma=FAMILIES ('+'-joined gemv1, gemvn, gate_up, down, or all / none: decode products on tensor "
@@ -82,9 +86,15 @@ engine_options engine_options_from(const arg_parser& p) {
     else if (dn == "recurrent") o.gdn = gdn_mode::recurrent;
     else fail("--deltanet must be auto, chunked or recurrent, got '%s'", dn.c_str());
     o.backend_opt.kv_fp8 = kv_fp8_from(p.str("--kv-cache", "bf16"), "--kv-cache");
+    o.backend_opt.state_bf16 = state_bf16_from(p.str("--deltanet-state", "fp32"), "--deltanet-state");
     o.backend_opt.kernels = kernel_options_from(p);
     if (p.has("--verbose")) set_log_level(log_level::debug);
     return o;
+}
+
+bool state_bf16_from(const std::string& value, const char* option) {
+    if (value != "fp32" && value != "bf16") fail("%s must be fp32 or bf16, got '%s'", option, value.c_str());
+    return value == "bf16";
 }
 
 bool kv_fp8_from(const std::string& value, const char* option) {

@@ -28,6 +28,8 @@ engine_options engine_options_from(const arg_parser& p);
 kernel_options kernel_options_from(const arg_parser& p);
 // The value of a KV-cache option (`option`, e.g. "--kv-cache"): true for fp8, false for bf16, else a clear error.
 bool kv_fp8_from(const std::string& value, const char* option);
+// --deltanet-state's value: fp32 (false) or bf16 (true); fails naming the option otherwise.
+bool state_bf16_from(const std::string& value, const char* option);
 
 // --synthetic, --layers, --seed, --skew: serve random weights of a config.json (serve, bench --serve). The
 // seed and skew go into eo.backend_opt; the spec is empty without --synthetic.

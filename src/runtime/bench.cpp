@@ -9,7 +9,7 @@
 
 namespace tansy {
 
-double decode_bytes_per_step(const model& m, int64_t B, int64_t ctx, bool kv_fp8) {
+double decode_bytes_per_step(const model& m, int64_t B, int64_t ctx, bool kv_fp8, bool state_bf16) {
     const model_config& c = m.cfg;
     const model_weights& w = m.w;
     double bytes = (double)B * (double)w.embed.bytes() / (double)w.embed.rows + (double)w.lm_head.bytes();
@@ -27,11 +27,11 @@ double decode_bytes_per_step(const model& m, int64_t B, int64_t ctx, bool kv_fp8
         bytes += distinct * (double)(mw.gate[0].bytes() + mw.up[0].bytes() + mw.down[0].bytes());
     }
     // per sequence: KV cache read (K and V of every attention layer: bf16, or E4M3 plus an fp32 scale per KV
-    // head) and DeltaNet state read + write (fp32)
+    // head) and DeltaNet state read + write (fp32, or bf16), its conv window likewise (fp32)
     const double kv_row = kv_fp8 ? (double)c.kv_dim() + 4.0 * (double)c.n_kv_heads : 2.0 * (double)c.kv_dim();
     const double kv = (double)c.n_full_attention() * 2.0 * kv_row * (double)ctx;
     const double n_gdn = (double)(c.n_layers() - c.n_full_attention());
-    const double state = n_gdn * 2.0 * 4.0 * (double)(c.lin_v_heads * c.lin_k_dim * c.lin_v_dim) +
+    const double state = n_gdn * 2.0 * (state_bf16 ? 2.0 : 4.0) * (double)(c.lin_v_heads * c.lin_k_dim * c.lin_v_dim) +
                          n_gdn * 2.0 * 4.0 * (double)((c.conv_kernel - 1) * c.lin_conv_dim());
     return bytes + (double)B * (kv + state);
 }
@@ -72,7 +72,8 @@ bench_point bench_decode(engine& eng, int64_t B, int64_t ctx, const bench_option
     std::sort(per_step.begin(), per_step.end());
     r.step_s = per_step[per_step.size() / 2];
     r.tok_s = (double)B / r.step_s;
-    r.bytes_per_step = decode_bytes_per_step(eng.mdl(), B, ctx + (int64_t)o.warmup + o.runs * o.steps / 2, o.kv_fp8);
+    r.bytes_per_step = decode_bytes_per_step(eng.mdl(), B, ctx + (int64_t)o.warmup + o.runs * o.steps / 2, o.kv_fp8,
+                                             o.state_bf16);
     r.gbps = r.bytes_per_step / r.step_s / 1e9;
     r.roofline_pct = 100.0 * r.gbps / o.peak_gbps;
     r.peak_gib = (double)be.device_memory_used() / (double)(1ull << 30);

@@ -50,6 +50,7 @@ struct bench_options {
     int64_t prefill_run_tokens = 65536;
     double peak_tflops = H200_BF16_DENSE_TFLOPS;
     bool kv_fp8 = false;  // the engine's KV cache is FP8 (bytes per step)
+    bool state_bf16 = false;  // the engine's DeltaNet state is bf16 (bytes per step)
     sampling_params sampling;  // every decode row's (default greedy); sampled rows draw on the device where it can
 };
 
@@ -78,7 +79,8 @@ int prefill_runs(int64_t n_prompt, const bench_options& o);
 prefill_point bench_prefill(engine& eng, int64_t n_prompt, const bench_options& o);
 
 // Minimum bytes one decode step moves for `batch` sequences at `context` tokens.
-double decode_bytes_per_step(const model& m, int64_t batch, int64_t context, bool kv_fp8 = false);
+double decode_bytes_per_step(const model& m, int64_t batch, int64_t context, bool kv_fp8 = false,
+                             bool state_bf16 = false);
 
 bench_point bench_decode(engine& eng, int64_t batch, int64_t context, const bench_options& o);
 

@@ -19,7 +19,7 @@ struct pair_of_backends {
 };
 
 inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c, bool precise_gemm = false, bool kv_fp8 = false,
-                                                   const kernel_options& kernels = {}) {
+                                                   const kernel_options& kernels = {}, bool state_bf16 = false) {
     auto p = std::make_unique<pair_of_backends>();
     synthetic_options so;
     so.materialize = true;
@@ -29,6 +29,7 @@ inline std::unique_ptr<pair_of_backends> make_pair(const model_config& c, bool p
     bo.precise_gemm = precise_gemm;
     bo.kv_fp8 = kv_fp8;
     bo.kernels = kernels;
+    bo.state_bf16 = state_bf16;
     p->cpu = make_backend("cpu", c, bo);
     p->gpu = make_backend("cuda", c, bo);
     p->cpu->bind(p->m);

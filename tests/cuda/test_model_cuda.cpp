@@ -53,8 +53,8 @@ agreement_report compare(const std::vector<float>& ref, const std::vector<float>
     return r;
 }
 
-engine& gpu_engine(const std::string& dir, bool precise = false, bool kv_fp8 = false) {
-    return test::shared_engine(dir, "cuda", precise, kv_fp8);
+engine& gpu_engine(const std::string& dir, bool precise = false, bool kv_fp8 = false, bool state_bf16 = false) {
+    return test::shared_engine(dir, "cuda", precise, kv_fp8, state_bf16);
 }
 
 std::vector<float> decode_path_logits(engine& e, const std::vector<int32_t>& ids) {
@@ -62,16 +62,18 @@ std::vector<float> decode_path_logits(engine& e, const std::vector<int32_t>& ids
 }
 
 // gold: golden teacher NLL to compare with (tiny-qwen35moe* only; tiny-gqa has random weights and none).
-// kv_fp8: both backends with the FP8 KV cache (the CPU rounds K/V as the GPU stores them).
-void teacher_window(const char* name, bool q4, bool gold_nll = true, bool precise = false, bool kv_fp8 = false) {
+// kv_fp8: both backends with the FP8 KV cache (the CPU rounds K/V as the GPU stores them); state_bf16: both with
+// the bf16 DeltaNet state (the CPU rounds it as the GPU stores it).
+void teacher_window(const char* name, bool q4, bool gold_nll = true, bool precise = false, bool kv_fp8 = false,
+                    bool state_bf16 = false) {
     TANSY_REQUIRE_GPU();
     const std::string dir = test::fixture(name), refp = test::fixture("tiny-reference.safetensors");
     if (dir.empty() || refp.empty()) GTEST_SKIP() << name << " not available";
     test::golden ref(refp);
     auto ids = ref.ints("teacher.ids");
     std::vector<int32_t> in(ids.begin(), ids.end() - 1);
-    engine& c = test::shared_engine(dir, "cpu", false, kv_fp8);
-    engine& g = gpu_engine(dir, precise, kv_fp8);
+    engine& c = test::shared_engine(dir, "cpu", false, kv_fp8, state_bf16);
+    engine& g = gpu_engine(dir, precise, kv_fp8, state_bf16);
     const int64_t V = c.cfg().vocab, n = (int64_t)in.size();
     auto sc = c.new_sequence(n), sg = g.new_sequence(n);
     auto cpu = c.step(*sc, in, logits_rows::all);
@@ -91,8 +93,8 @@ void teacher_window(const char* name, bool q4, bool gold_nll = true, bool precis
         for (int64_t i = 0; i < n; i++) nll += token_nll(&gpu[(size_t)(i * V)], V, ids[(size_t)i + 1]), want += gold[(size_t)i];
         EXPECT_NEAR(nll / n, want / n, TOL_NLL);
     }
-    printf("[ %s%s%s ] prompt: top-1 %.4f (raw %.4f, %lld ties) KL %.2e | decode: top-1 %.4f KL %.2e | NLL %.5f vs %.5f\n",
-           name, precise ? " precise" : "", kv_fp8 ? " fp8 KV" : "", pp.top1, pp.top1_raw, (long long)pp.ties,
+    printf("[ %s%s%s%s ] prompt: top-1 %.4f (raw %.4f, %lld ties) KL %.2e | decode: top-1 %.4f KL %.2e | NLL %.5f vs %.5f\n",
+           name, precise ? " precise" : "", kv_fp8 ? " fp8 KV" : "", state_bf16 ? " bf16 state" : "", pp.top1, pp.top1_raw, (long long)pp.ties,
            pp.mean_kl, dp.top1, dp.mean_kl, nll / n, want / n);
 }
 
@@ -103,6 +105,9 @@ TEST(cuda_model, teacher_window_mlx4) { teacher_window("tiny-qwen35moe-mlx4", tr
 // FP8 moves it by ~2e-4 nats on the CPU, tests/model/test_kv_fp8.cpp).
 TEST(cuda_model, teacher_window_mlx4_fp8_kv) { teacher_window("tiny-qwen35moe-mlx4", true, true, false, true); }
 TEST(cuda_model, teacher_window_gqa_fp8_kv) { teacher_window("tiny-gqa", false, false, false, true); }
+// The bf16 DeltaNet state against the CPU's bf16 rounding; the decode path stores the state after every token (the
+// golden NLL still holds: the bf16 state moves it by ~2e-5 nats on the CPU, tests/model/test_state_bf16.cpp).
+TEST(cuda_model, teacher_window_mlx4_bf16_state) { teacher_window("tiny-qwen35moe-mlx4", true, true, false, false, true); }
 TEST(cuda_model, teacher_window_bf16_text) { teacher_window("tiny-qwen35moe", false); }
 TEST(cuda_model, teacher_window_bf16_release) { teacher_window("tiny-qwen35moe-hub", false); }
 // tiny-gqa: bf16 text-only layout, 16 query heads over 2 KV heads. Random weights give flat distributions with

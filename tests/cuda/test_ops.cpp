@@ -265,7 +265,8 @@ namespace {
 
 // Sequences advanced through batched DeltaNet steps, CPU vs CUDA: steps[i][j] is sequence j's span in step i (each
 // >= 1 row; spans of more than k_gdn_recur_max_rows rows take the prefill path beside the others' decode kernel).
-void check_deltanet_steps(pair_of_backends& p, const std::vector<std::vector<int>>& steps, uint32_t seed) {
+void check_deltanet_steps(pair_of_backends& p, const std::vector<std::vector<int>>& steps, uint32_t seed,
+                          double tol = TOL_FP32_OP) {
     const model_config& c = p.m.cfg;
     const layer_weights& gl = p.m.w.layers[0];
     const size_t n = steps.at(0).size();
@@ -287,7 +288,7 @@ void check_deltanet_steps(pair_of_backends& p, const std::vector<std::vector<int
         p.gpu->gdn(o.g.t(), qkv.g.t(), z.g.t(), b.g.t(), a.g.t(), gl.gdn, 0, sg, gdn_mode::auto_select);
         std::string what;
         for (int len : lens) what += (what.empty() ? "" : "+") + std::to_string(len);
-        EXPECT_LT(o.diff(p), TOL_FP32_OP) << "gdn step " << what;
+        EXPECT_LT(o.diff(p), tol) << "gdn step " << what;
         p.cpu->end_step(sc);
         p.gpu->end_step(sg);
         for (auto* s : {&s_cpu, &s_gpu})
@@ -297,6 +298,10 @@ void check_deltanet_steps(pair_of_backends& p, const std::vector<std::vector<int
 
 // The DeltaNet decode forms (gdn.cu): the state in registers (0) and staged in shared memory (1).
 const int k_recur_forms[] = {0, 1};
+// A bf16 state on both sides (--deltanet-state bf16): as TOL_GDN_BF16_STATE in test_gdn_prefill.cpp, an entry
+// within fp32 noise of a bf16 rounding boundary rounds apart (2^-8 relative) and later steps read it; a side that
+// left the state in fp32 would err by ~1e-3.
+constexpr double TOL_BF16_STATE_OP = 2e-4;
 
 }  // namespace
 
@@ -330,6 +335,20 @@ TEST(cuda_ops, deltanet_decode_forms) {
             check_deltanet_steps(*p, {{3, 1, 16, 5, 1}, {1, 1, 1, 1, 1}, {1, 20, 1, 2, 1}, {7, 1, 1, 1, 9}, {1, 1, 1, 1, 1}},
                                  4000 + (uint32_t)form);
         }
+    }
+}
+
+// The decode forms with a bf16 state (each form loads it, widens it and stores it rounded), at the real shapes:
+// batches of odd spans, single tokens, and a long span taking the prefill path beside them.
+TEST(cuda_ops, deltanet_decode_forms_bf16_state) {
+    TANSY_REQUIRE_GPU();
+    auto p = make_pair(real_config(), /*precise_gemm=*/true, false, {}, /*state_bf16=*/true);
+    for (int form : k_recur_forms) {
+        SCOPED_TRACE("form " + std::to_string(form));
+        deltanet_recur_scope scope(form);
+        check_deltanet_steps(*p, {{3, 1, 16, 5, 1}, {1, 1, 1, 1, 1}, {1, 20, 1, 2, 1}, {7, 1, 1, 1, 9}, {1, 1, 1, 1, 1},
+                                  {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}},
+                             4100 + (uint32_t)form, TOL_BF16_STATE_OP);
     }
 }
 

@@ -32,17 +32,19 @@ std::vector<int64_t> golden::shape(const std::string& key) const {
     return t ? t->shape : std::vector<int64_t>{};
 }
 
-engine& shared_engine(const std::string& model_dir, const std::string& backend, bool precise_gemm, bool kv_fp8) {
+engine& shared_engine(const std::string& model_dir, const std::string& backend, bool precise_gemm, bool kv_fp8,
+                      bool state_bf16) {
     static std::mutex mu;
-    static std::map<std::tuple<std::string, std::string, bool, bool>, std::unique_ptr<engine>> engines;
+    static std::map<std::tuple<std::string, std::string, bool, bool, bool>, std::unique_ptr<engine>> engines;
     std::lock_guard<std::mutex> lk(mu);
-    auto& e = engines[{model_dir, backend, precise_gemm, kv_fp8}];
+    auto& e = engines[{model_dir, backend, precise_gemm, kv_fp8, state_bf16}];
     if (!e) {
         engine_options o;
         o.model_dir = model_dir;
         o.backend = backend;
         o.backend_opt.precise_gemm = precise_gemm;
         o.backend_opt.kv_fp8 = kv_fp8;
+        o.backend_opt.state_bf16 = state_bf16;
         o.weights = "checkpoint";  // every backend runs the checkpoint's own weights: the comparisons are of backends
         e = std::make_unique<engine>(o);
     }

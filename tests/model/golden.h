@@ -22,10 +22,11 @@ class golden {
     st_file f_;
 };
 
-// One engine per (model directory, backend, GEMM mode, KV cache type), shared by the tests of a process (loading
-// is cheap, not free). Engines run the checkpoint's own weights on every backend (--weights checkpoint).
+// One engine per (model directory, backend, GEMM mode, KV cache type, DeltaNet state type), shared by the tests of
+// a process (loading is cheap, not free). Engines run the checkpoint's own weights on every backend (--weights
+// checkpoint).
 engine& shared_engine(const std::string& model_dir, const std::string& backend, bool precise_gemm = false,
-                      bool kv_fp8 = false);
+                      bool kv_fp8 = false, bool state_bf16 = false);
 engine& cpu_engine(const std::string& model_dir);
 
 // Logits of every position of `ids`: a prefill of ids[0, split), then each further token as its own decode

@@ -83,11 +83,12 @@ outcome run(scheduler& s, uint64_t id, const std::vector<int32_t>& prompt, int64
 
 // ---- backend level: snapshot + restore
 
-void continue_exactly(bool kv_fp8) {
+void continue_exactly(bool kv_fp8, bool state_bf16 = false) {
     engine_options eo;
     eo.backend = "cpu";
     eo.threads = 1;
     eo.backend_opt.kv_fp8 = kv_fp8;
+    eo.backend_opt.state_bf16 = state_bf16;
     engine eng(eo);
     backend& be = eng.be();
     const std::vector<int32_t> prompt = render(conversation("How do I read an .ics file?"));
@@ -107,7 +108,8 @@ void continue_exactly(bool kv_fp8) {
         EXPECT_EQ(b->n_past(), cut);
         const std::vector<float> got = eng.step(*b, tail, logits_rows::all);
         ASSERT_EQ(got.size(), ref.size());
-        EXPECT_EQ(got, ref) << "a restored state must continue bit for bit (kv_fp8 " << kv_fp8 << ")";
+        EXPECT_EQ(got, ref) << "a restored state must continue bit for bit (kv_fp8 " << kv_fp8 << ", state_bf16 "
+                            << state_bf16 << ")";
         for (int64_t l = 0; l < eng.cfg().n_full_attention(); l++) {
             std::vector<float> k1(eng.cfg().kv_dim()), v1(k1.size()), k2(k1.size()), v2(k1.size());
             be.read_kv(*a, (int)l, cut - 1, k1.data(), v1.data());
@@ -120,6 +122,7 @@ void continue_exactly(bool kv_fp8) {
 
 TEST(prefix_cache, restored_state_continues_exactly) { continue_exactly(false); }
 TEST(prefix_cache, restored_state_continues_exactly_fp8_kv) { continue_exactly(true); }
+TEST(prefix_cache, restored_state_continues_exactly_bf16_state) { continue_exactly(false, true); }
 
 // A step cut at a mark sums in other groups (the chunked DeltaNet form's chunks, matrix products over other row
 // counts): fp32 rounding, ~1e-6 relative on the logits.

@@ -53,7 +53,8 @@ float* f32(const tensor& t) {
 
 class cpu_backend final : public backend {
   public:
-    cpu_backend(const model_config& cfg, const backend_options& opt) : cfg_(cfg), kv_fp8_(opt.kv_fp8) {}
+    cpu_backend(const model_config& cfg, const backend_options& opt)
+        : cfg_(cfg), kv_fp8_(opt.kv_fp8), state_bf16_(opt.state_bf16) {}
     const char* name() const override { return "cpu"; }
     std::string kernel_summary(const char*) const override {
         return "cpu: fp32 reference (plain loops, OpenMP), one form of each op; --kernels does not apply";
@@ -303,6 +304,7 @@ class cpu_backend final : public backend {
   private:
     model_config cfg_;
     bool kv_fp8_ = false;  // the cache holds K and V as the FP8 cache would (core/fp8.h)
+    bool state_bf16_ = false;  // the DeltaNet state holds what a bf16 state would (rounded after each span part)
 };
 
 // MODEL.md §3. Per span: norm + rotate the new keys, append to the cache, then every (row, head) attends
@@ -437,6 +439,9 @@ void cpu_backend::gdn(const tensor& out, const tensor& qkv, const tensor& z, con
                 cpu::delta_rule_recurrent(da);
             else
                 cpu::delta_rule_chunked(da);
+            // stored as the CUDA kernels store it: at the span's end and at its mark (whose state goes on from there)
+            if (state_bf16_)
+                for (float& x : st->S[(size_t)slot]) x = bf16_to_f32(f32_to_bf16(x));
         }
     }
     cpu::gated_rms_norm(f32(out), o.data(), f32(z), w.norm.data(), T, Hv, dv, c.eps);

@@ -55,7 +55,7 @@ class cuda_state final : public seq_state {
         kv_bytes_ = (kv_bytes_ + 255) / 256 * 256;  // the scales and the fp32 state stay 256-byte aligned
         scale_bytes_ = (scale_bytes_ + 255) / 256 * 256;
         conv_bytes_ = (size_t)n_gdn * 2 * sh.conv_rows * sh.conv_ch * 4;
-        s_bytes_ = (size_t)n_gdn * sh.s_elems * 4;
+        s_bytes_ = (size_t)n_gdn * sh.s_elems * (sh.s16 ? 2 : 4);
         mem_ = stream_buffer(kv_bytes_ + scale_bytes_ + conv_bytes_ + s_bytes_ + 256, stream);
         if (zero) reset();
     }
@@ -75,7 +75,7 @@ class cuda_state final : public seq_state {
         char* base = (char*)mem_.get();
         char* conv = base + kv_bytes_ + scale_bytes_;
         return {(uint16_t*)base, sh_.kv8 ? (float*)(base + kv_bytes_) : nullptr, (float*)conv,
-                (float*)(conv + conv_bytes_), (int32_t*)(conv + conv_bytes_ + s_bytes_)};
+                conv + conv_bytes_, (int32_t*)(conv + conv_bytes_ + s_bytes_)};
     }
     // The recurrent part: conv [n_gdn][2][K-1][C], S and meta are contiguous, from dev().conv on.
     size_t tail_bytes() const { return conv_bytes_ + s_bytes_ + 2 * sizeof(int32_t); }
@@ -178,6 +178,7 @@ class cuda_backend final : public backend {
     void set_synthetic(uint64_t seed, float router_skew) { synth_seed_ = seed, synth_skew_ = router_skew; }
     void set_precise_gemm(bool on) { precise_gemm_ = on; }
     void set_kv_fp8(bool on) { sh_.kv8 = on; }  // before the first new_state
+    void set_state_bf16(bool on) { sh_.s16 = on; }  // likewise
     // Decides the kernels once (kernel_plan.h). The launchers read the active plan: every call that launches
     // kernels that consult it makes this backend's plan the active one first (use_kernel_plan).
     void set_plan(const backend_options& opt) {
@@ -911,6 +912,7 @@ std::unique_ptr<backend> make_cuda_backend(const model_config& cfg, const backen
     be->set_synthetic(opt.synthetic_seed, opt.router_skew);
     be->set_precise_gemm(opt.precise_gemm);
     be->set_kv_fp8(opt.kv_fp8);
+    be->set_state_bf16(opt.state_bf16);
     be->set_plan(opt);
     return be;
 }

@@ -80,6 +80,7 @@ __device__ __forceinline__ dspan open_span(const gdn_params& p, int span, int ma
     return sp;
 }
 
+template <class TS>
 __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_rows) {
     __shared__ float s_q[DK], s_k[DK], s_v[COLS], s_red[2][k_warps][COLS], s_scal[2];
     __shared__ float s_sum[3][k_warps];
@@ -94,11 +95,11 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
     const int group = p.Hv / p.Hk, kh = h / group, kd = p.Hk * p.dk;
     const int ch_q = kh * DK + tid, ch_k = kd + kh * DK + tid, ch_v = 2 * kd + h * p.dv + cb * COLS + lane;
     const int col = cb * COLS + lane;
-    float* S = s_buf(sq, p.shape, p.slot) + (int64_t)h * DK * p.dv;
+    TS* S = s_buf<TS>(sq, p.shape, p.slot) + (int64_t)h * DK * p.dv;
     // state slice: rows 32*warp .. +32, column `col`, in registers for the whole span
     float st[32];
 #pragma unroll
-    for (int i = 0; i < 32; i++) st[i] = S[(int64_t)(warp * 32 + i) * p.dv + col];
+    for (int i = 0; i < 32; i++) st[i] = state_ld(S + (int64_t)(warp * 32 + i) * p.dv + col);
     // What does not depend on the projection is read while it finishes (PDL): the state (this kernel's own
     // output of the previous step), the first token's conv terms over the state's window, the gate constants.
     const int P = p.K - 1, C = (int)p.shape.conv_ch;
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
         if (r + 1 < sp.n) __syncthreads();  // s_q, s_k, s_v, s_red, s_sum are reused by the next token
     }
 #pragma unroll
-    for (int i = 0; i < 32; i++) S[(int64_t)(warp * 32 + i) * p.dv + col] = st[i];
+    for (int i = 0; i < 32; i++) state_st(S + (int64_t)(warp * 32 + i) * p.dv + col, st[i]);
 
     // 5. new conv window (the last K-1 raw inputs) into the other parity buffer
     if (win_regs) {
@@ -197,7 +198,9 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
 // then sums S^T k and S^T q over one column x RPP key rows, and updates 4 columns x VR rows (float4: a warp moves
 // 512 contiguous bytes); at the span's last token the update goes straight to global memory.
 // Roles: threads < DK convolve q and k channel tid, threads DK .. DK + COLS the v channels.
-template <int COLS>
+// A bf16 state (TS) lands by cp.async in the buffer's upper half and is widened to fp32 in place before the first
+// token reads it.
+template <int COLS, class TS>
 __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn_params p, int max_rows) {
     constexpr int NT = k_smem_threads, PARTS = NT / COLS, RPP = DK / PARTS;
     static_assert(NT % COLS == 0 && DK % PARTS == 0 && DK + COLS <= NT && COLS % 32 == 0 && NT % (COLS / 4) == 0 &&
@@ -212,14 +215,38 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
     const dspan sp = open_span(p, span, max_rows);
     if (sp.n > max_rows) return;
     const dseq sq = p.seqs[span];
-    float* S = s_buf(sq, p.shape, p.slot) + (int64_t)h * DK * p.dv + cb * COLS;
+    TS* S = s_buf<TS>(sq, p.shape, p.slot) + (int64_t)h * DK * p.dv + cb * COLS;
     // the state first (16-byte aligned: cuda_state's layout): it needs nothing from the projection (PDL), and
     // everything else waits on it
-    for (int c = tid; c < DK * COLS / 4; c += NT) {
-        const int r = c / (COLS / 4), c4 = c % (COLS / 4);
-        cp_async16(sS + r * COLS + c4 * 4, S + (int64_t)r * p.dv + c4 * 4);
+    constexpr int PER16 = 16 / sizeof(TS);  // state entries a 16-byte copy moves
+    TS* const staged = reinterpret_cast<TS*>(sS) + (sizeof(TS) == 2 ? DK * COLS : 0);  // bf16: the upper half
+    for (int c = tid; c < DK * COLS / PER16; c += NT) {
+        const int r = c / (COLS / PER16), cc = c % (COLS / PER16);
+        cp_async16(staged + r * COLS + cc * PER16, S + (int64_t)r * p.dv + cc * PER16);
     }
     cp_async_commit();
+    // bf16: each thread reads its staged entries (8 a 16-byte word), all threads wait, then write them as fp32
+    // over the whole buffer (the lower half first held nothing, the upper half's words are all read by then)
+    auto widen = [&] {
+        if constexpr (sizeof(TS) == 2) {
+            constexpr int WORDS = DK * COLS / 8 / NT;
+            static_assert(DK * COLS % (8 * NT) == 0, "recur_smem_kernel: bf16 widening shape");
+            uint4 w[WORDS];
+#pragma unroll
+            for (int i = 0; i < WORDS; i++) w[i] = reinterpret_cast<const uint4*>(staged)[tid + i * NT];
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < WORDS; i++) {
+                const uint32_t u[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+                float4* dst = reinterpret_cast<float4*>(sS) + 2 * (tid + i * NT);
+                float f[8];
+#pragma unroll
+                for (int j = 0; j < 4; j++) f[2 * j] = __uint_as_float(u[j] << 16), f[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+                dst[0] = make_float4(f[0], f[1], f[2], f[3]);
+                dst[1] = make_float4(f[4], f[5], f[6], f[7]);
+            }
+        }
+    };
     const int parity = sq.meta[1] & 1;
     const float* cstate = conv_buf(sq, p.shape, p.slot, parity);
     float* cnext = conv_buf(sq, p.shape, p.slot, parity ^ 1);
@@ -266,7 +293,13 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
         if (v_role) s_v[tid - DK] = conv_token(p, cstate, sp, r, ch_v, pre_v);
         if (tid == 0)
             gdn_gates(r == 0 ? b0 : p.b[(int64_t)row * p.Hv + h], r == 0 ? a0 : p.a[(int64_t)row * p.Hv + h], A, dtb, s_scal);
-        if (r == 0) cp_async_wait<0>();
+        if (r == 0) {
+            cp_async_wait<0>();
+            if constexpr (sizeof(TS) == 2) {
+                __syncthreads();  // every thread's copies have landed
+                widen();
+            }
+        }
         __syncthreads();
         // this thread's parts of S^T k and S^T q over its rows (old state; raw q, k: the norms are scalars)
         float u = 0, w = 0;
@@ -301,7 +334,7 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
             const float kd = s_k[k] * rk;
             x.x = fmaf(alpha, x.x, kd * d4.x), x.y = fmaf(alpha, x.y, kd * d4.y);
             x.z = fmaf(alpha, x.z, kd * d4.z), x.w = fmaf(alpha, x.w, kd * d4.w);
-            if (last) reinterpret_cast<float4*>(S + (int64_t)k * p.dv)[c4] = x;
+            if (last) state_st4(S + (int64_t)k * p.dv + 4 * c4, x);
             else reinterpret_cast<float4*>(sS + k * COLS)[c4] = x;
         }
         if (!last) __syncthreads();  // the state, s_q, s_k, s_v, s_red, s_sum, s_delta are reused by the next token
@@ -375,11 +408,11 @@ __global__ void __launch_bounds__(32 * k_norm_warps) gated_norm_warp_kernel(cons
     }
 }
 
-template <int COLS>
+template <int COLS, class TS>
 void launch_recur_smem(const gdn_params& p, int max_rows, cudaStream_t stream) {
     const size_t smem = (size_t)DK * COLS * sizeof(float);  // beyond the default 48 KB (COLS = 128: 64 KB)
-    allow_dynamic_smem<recur_smem_kernel<COLS>>(smem);
-    launch_pdl(recur_smem_kernel<COLS>, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)),
+    allow_dynamic_smem<recur_smem_kernel<COLS, TS>>(smem);
+    launch_pdl(recur_smem_kernel<COLS, TS>, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)),
                dim3(k_smem_threads), smem, stream, p, max_rows);
 }
 
@@ -397,11 +430,14 @@ void gdn_forward(const gdn_params& p, cudaStream_t stream) {
     if (any_long) gdn_prefill(p, k_gdn_recur_max_rows + 1, stream);
     if (any_short) {
         const int max_rows = any_long ? k_gdn_recur_max_rows : INT_MAX;
-        if (deltanet_recur_smem(p.n_spans) && p.dv % k_smem_cols == 0)
-            launch_recur_smem<k_smem_cols>(p, max_rows, stream);
-        else
-            launch_pdl(recur_kernel, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)), dim3(DK), 0,
-                       stream, p, max_rows);
+        with_state_type(p.shape.s16, [&](auto ts) {
+            using TS = decltype(ts);
+            if (deltanet_recur_smem(p.n_spans) && p.dv % k_smem_cols == 0)
+                launch_recur_smem<k_smem_cols, TS>(p, max_rows, stream);
+            else
+                launch_pdl(recur_kernel<TS>, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)),
+                           dim3(DK), 0, stream, p, max_rows);
+        });
         CUDA_CHECK_LAUNCH();
     }
     const int64_t heads = (int64_t)p.T * p.Hv;

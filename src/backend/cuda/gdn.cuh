@@ -77,8 +77,48 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream);
 }  // namespace tansy::cuda
 
 #if defined(__CUDACC__)
+#include <cuda_bf16.h>
+
 namespace tansy::cuda {
 // Shared by gdn.cu and gdn_prefill.cu. softplus(x) = log(1 + e^x), the identity above 20 (as PyTorch).
 __device__ __forceinline__ float gdn_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// The recurrent state's storage (dshape::s16): fp32, or bf16 rounded to nearest even where a kernel stores it (a
+// span's end, a mark), as the CPU twin rounds its state after each span part. Values are fp32 in between.
+__device__ __forceinline__ float state_ld(const float* p) { return *p; }
+__device__ __forceinline__ float state_ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void state_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void state_st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ float2 state_ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 state_ld2(const __nv_bfloat16* p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ void state_st2(float* p, float2 v) { *reinterpret_cast<float2*>(p) = v; }
+__device__ __forceinline__ void state_st2(__nv_bfloat16* p, float2 v) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __float22bfloat162_rn(v);
+}
+__device__ __forceinline__ void state_st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void state_st4(__nv_bfloat16* p, float4 v) {
+    const __nv_bfloat162 lo = __float22bfloat162_rn(make_float2(v.x, v.y)), hi = __float22bfloat162_rn(make_float2(v.z, v.w));
+    *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
+// v as a store of TS would keep it (a state carried on past a mark continues from what the checkpoint holds).
+template <class TS>
+__device__ __forceinline__ float state_round(float v) {
+    if constexpr (sizeof(TS) == 2) return __bfloat162float(__float2bfloat16_rn(v));
+    else return v;
+}
 }  // namespace tansy::cuda
 #endif
+
+namespace tansy::cuda {
+// Calls f with a value of the state's storage type (float, or __nv_bfloat16 where s16): kernels instantiated for
+// both are launched through it.
+#if defined(__CUDACC__)
+template <class F>
+void with_state_type(bool s16, F&& f) {
+    if (s16) f(__nv_bfloat16{});
+    else f(float{});
+}
+#endif
+}  // namespace tansy::cuda

@@ -236,6 +236,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 // per block because narrower blocks only add copies of the staged k^/q^ without adding warps, wider ones would
 // leave SMs idle. ~180 instructions per lane and token (SASS); latency-bound (LDS -> u dot -> 2 shuffles -> delta
 // -> update) with one warp per sub-partition.
+template <class TS>
 __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params p, int min_rows) {
     extern __shared__ float4 smem_[];
     float* smem = reinterpret_cast<float*>(smem_);
@@ -249,10 +250,10 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params 
     const int n_chunks = (sp.n + SCAN_CHUNK - 1) / SCAN_CHUNK;
     stage_chunk(smem, p, sp.row0, min(SCAN_CHUNK, sp.n), kh, h, col0);
 
-    float* S = s_buf(p.seqs[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0 + lc;
+    TS* S = s_buf<TS>(p.seqs[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0 + lc;
     float st[32];
 #pragma unroll
-    for (int i = 0; i < 32; i++) st[i] = S[(int64_t)(32 * quarter + i) * p.dv];
+    for (int i = 0; i < 32; i++) st[i] = state_ld(S + (int64_t)(32 * quarter + i) * p.dv);
 
     // o of the previous token as this lane's partials, reduced alongside the next token's u (off the chain)
     float o_part = 0.0f;
@@ -307,10 +308,13 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params 
             o_part = (o4[0] + o4[1]) + (o4[2] + o4[3]);
             o_prev_at = o_at;
             o_at += vd;
-            if (t0 + t + 1 == sp.mark) {  // the checkpoint's state (block-uniform)
-                float* M = s_buf(p.marks[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0 + lc;
+            if (t0 + t + 1 == sp.mark) {  // the checkpoint's state (block-uniform), carried on as it holds it
+                TS* M = s_buf<TS>(p.marks[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0 + lc;
 #pragma unroll
-                for (int i = 0; i < 32; i++) M[(int64_t)(32 * quarter + i) * p.dv] = st[i];
+                for (int i = 0; i < 32; i++) {
+                    st[i] = state_round<TS>(st[i]);
+                    state_st(M + (int64_t)(32 * quarter + i) * p.dv, st[i]);
+                }
             }
         }
         __syncthreads();  // all warps are done with this buffer before the next iteration refills it
@@ -318,7 +322,7 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) scan_kernel(const gdn_params 
     const float o_last = quad_sum(o_part);
     if (quarter == 0) *o_prev_at = o_last;
 #pragma unroll
-    for (int i = 0; i < 32; i++) S[(int64_t)(32 * quarter + i) * p.dv] = st[i];
+    for (int i = 0; i < 32; i++) state_st(S + (int64_t)(32 * quarter + i) * p.dv, st[i]);
 }
 
 // ------------------------------------------------------------------------------------------------ chunked
@@ -508,6 +512,7 @@ __global__ void __launch_bounds__(CH_THREADS, 2) chunk_kernel(const gdn_params p
     }
 }
 
+template <class TS>
 __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params p, int min_rows) {
     extern __shared__ float4 smem_[];
     float* sk = reinterpret_cast<float*>(smem_);  // [CC][KP] k^
@@ -526,22 +531,22 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
     const int64_t vd = (int64_t)p.Hv * p.dv;
     const float *wg = work_g(p), *tinv = work_tinv(p), *amat = work_amat(p);
     // the state in accumulator layout: warp w, key rows 16w + g and + 8, columns 8 nt + 2t and + 1 (nt < 4)
-    float* S = s_buf(p.seqs[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0;
+    TS* S = s_buf<TS>(p.seqs[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0;
     const int srow = 16 * w + g;
     float st[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
-        const float2 lo = *reinterpret_cast<const float2*>(S + (int64_t)srow * p.dv + 8 * nt + 2 * t);
-        const float2 hi = *reinterpret_cast<const float2*>(S + (int64_t)(srow + 8) * p.dv + 8 * nt + 2 * t);
+        const float2 lo = state_ld2(S + (int64_t)srow * p.dv + 8 * nt + 2 * t);
+        const float2 hi = state_ld2(S + (int64_t)(srow + 8) * p.dv + 8 * nt + 2 * t);
         st[nt][0] = lo.x, st[nt][1] = lo.y, st[nt][2] = hi.x, st[nt][3] = hi.y;
     }
 
     // the state slice from the accumulators to a [dk][dv] head state (this block's 32 columns)
-    auto store_state = [&](float* dst) {
+    auto store_state = [&](TS* dst) {
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
-            *reinterpret_cast<float2*>(dst + (int64_t)srow * p.dv + 8 * nt + 2 * t) = make_float2(st[nt][0], st[nt][1]);
-            *reinterpret_cast<float2*>(dst + (int64_t)(srow + 8) * p.dv + 8 * nt + 2 * t) = make_float2(st[nt][2], st[nt][3]);
+            state_st2(dst + (int64_t)srow * p.dv + 8 * nt + 2 * t, make_float2(st[nt][0], st[nt][1]));
+            state_st2(dst + (int64_t)(srow + 8) * p.dv + 8 * nt + 2 * t, make_float2(st[nt][2], st[nt][3]));
         }
     };
     // a chunk's v, Tinv, A and (beta, gamma) into buffer b (rows past nc zero-filled; the gates only up to nc)
@@ -667,7 +672,13 @@ __global__ void __launch_bounds__(CH_THREADS) chunk_scan_kernel(const gdn_params
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) mma_tf32x3(st[nt], a, frag_b_rows(sD, RP, kb + t, 8 * nt + g));
         }
-        if (c0 + nc == sp.mark) store_state(s_buf(p.marks[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0);
+        if (c0 + nc == sp.mark) {  // the checkpoint's state, carried on as it holds it
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[nt][e] = state_round<TS>(st[nt][e]);
+            store_state(s_buf<TS>(p.marks[blockIdx.x], p.shape, p.slot) + (int64_t)h * DK * p.dv + col0);
+        }
         __syncthreads();  // everyone is done with this chunk's k^ and state before the next one overwrites them
         if (!more) break;
         c0 = n0, nc = nn;
@@ -703,21 +714,27 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream) {
     // take the token scan (git show ead3949:docs/experiments/scan-single-buffer.patch keeps sm_80 chunked, untested)
     if (p.chunked && max_dynamic_smem() >= CSCAN_SMEM) {
         allow_dynamic_smem<chunk_kernel>(CHUNK_SMEM);
-        allow_dynamic_smem<chunk_scan_kernel>(CSCAN_SMEM);
         // chunks of the longest span (a block past its own span's end returns at once)
         TANSY_CHECK(p.max_span > 0 && p.max_span <= p.T, "cuda deltanet prefill: max_span %d (T %d)", p.max_span, p.T);
         const int max_chunks = (p.max_span + CC - 1) / CC + (p.any_mark ? 1 : 0);
         chunk_kernel<<<dim3((unsigned)max_chunks, (unsigned)p.Hv, (unsigned)p.n_spans), CH_THREADS, CHUNK_SMEM, stream>>>(
             p, min_rows);
         CUDA_CHECK_LAUNCH();
-        chunk_scan_kernel<<<dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / CT)), CH_THREADS, CSCAN_SMEM,
-                            stream>>>(p, min_rows);
+        with_state_type(p.shape.s16, [&](auto ts) {
+            using TS = decltype(ts);
+            allow_dynamic_smem<chunk_scan_kernel<TS>>(CSCAN_SMEM);
+            chunk_scan_kernel<TS><<<dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / CT)), CH_THREADS,
+                                    CSCAN_SMEM, stream>>>(p, min_rows);
+        });
         CUDA_CHECK_LAUNCH();
         return;
     }
-    allow_dynamic_smem<scan_kernel>(SCAN_SMEM);
-    scan_kernel<<<dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / SCAN_COLS)), SCAN_WARPS * 32, SCAN_SMEM,
-                  stream>>>(p, min_rows);
+    with_state_type(p.shape.s16, [&](auto ts) {
+        using TS = decltype(ts);
+        allow_dynamic_smem<scan_kernel<TS>>(SCAN_SMEM);
+        scan_kernel<TS><<<dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / SCAN_COLS)), SCAN_WARPS * 32,
+                          SCAN_SMEM, stream>>>(p, min_rows);
+    });
     CUDA_CHECK_LAUNCH();
 }
 

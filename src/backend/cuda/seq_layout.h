@@ -9,13 +9,14 @@ namespace tansy::cuda {
 //         (dshape::kv8) E4M3 codes, followed by
 //   kv_scale [n_attn][2][capacity][Hkv] fp32: the power-of-two scale of each (position, KV head) (core/fp8.h)
 //   conv  [n_gdn][2 (parity)][K-1][C] fp32  raw pre-conv inputs, oldest first; read parity steps&1, write the other
-//   S     [n_gdn][Hv][dk][dv] fp32
+//   S     [n_gdn][Hv][dk][dv] fp32, or bf16 (dshape::s16: rounded where a span's state is stored; the kernels
+//         compute in fp32 either way)
 //   meta  [0] = n_past (tokens processed), [1] = steps (forward steps taken)
 struct dseq {
     uint16_t* kv = nullptr;       // bf16 values, or E4M3 codes (dshape::kv8): kv8_k / kv8_v
     float* kv_scale = nullptr;    // FP8 cache only
     float* conv = nullptr;
-    float* S = nullptr;
+    void* S = nullptr;            // float, or __nv_bfloat16 (dshape::s16): s_buf<T>
     int32_t* meta = nullptr;
 };
 
@@ -25,6 +26,7 @@ struct dshape {
     bool kv8 = false;                         // FP8 E4M3 cache with per-(row, KV head) scales
     int64_t conv_rows = 0, conv_ch = 0;       // K-1, C
     int64_t s_elems = 0;                      // Hv*dk*dv per layer
+    bool s16 = false;                         // the DeltaNet state S in bf16 (backend_options::state_bf16)
 };
 
 // Batch rows on the device: for row r, the sequence it belongs to and its offset within that sequence's span.
@@ -61,8 +63,10 @@ __host__ __device__ inline float* kv8_vs(const dseq& s, const dshape& d, int slo
 __host__ __device__ inline float* conv_buf(const dseq& s, const dshape& d, int slot, int parity) {
     return s.conv + ((size_t)(2 * slot + parity)) * d.conv_rows * d.conv_ch;
 }
-__host__ __device__ inline float* s_buf(const dseq& s, const dshape& d, int slot) {
-    return s.S + (size_t)slot * d.s_elems;
+// Layer `slot`'s state as TS: float, or __nv_bfloat16 where d.s16 (the kernels are instantiated for both).
+template <class TS>
+__host__ __device__ inline TS* s_buf(const dseq& s, const dshape& d, int slot) {
+    return static_cast<TS*>(s.S) + (size_t)slot * d.s_elems;
 }
 #endif
 
