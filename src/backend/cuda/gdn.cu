@@ -12,6 +12,7 @@
 // conv terms over the window, the gate constants) loads before the PDL wait, and the new conv window is held in
 // registers, so the kernel ends on its state stores (a load after them would wait an L2 round trip).
 #include <climits>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gdn.cuh"
@@ -198,15 +199,19 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
 // then sums S^T k and S^T q over one column x RPP key rows, and updates 4 columns x VR rows (float4: a warp moves
 // 512 contiguous bytes); at the span's last token the update goes straight to global memory.
 // Roles: threads < DK convolve q and k channel tid, threads DK .. DK + COLS the v channels.
-// A bf16 state (TS) lands by cp.async in the buffer's upper half and is widened to fp32 in place before the first
-// token reads it.
-template <int COLS, class TS>
-__global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn_params p, int max_rows) {
+// A bf16 state (TS): for a batch of single-token spans (ONE: a decode step) it stays bf16 in shared memory (32 KB:
+// 4 blocks an SM), read as fp32 and stored at once; for longer spans it lands by cp.async in the fp32 buffer's
+// upper half and is widened in place before the first token reads it (the tokens between update it in fp32).
+template <int COLS, class TS, bool ONE>
+__global__ void __launch_bounds__(k_smem_threads, ONE && sizeof(TS) == 2 ? 4 : 3)
+    recur_smem_kernel(const gdn_params p, int max_rows) {
     constexpr int NT = k_smem_threads, PARTS = NT / COLS, RPP = DK / PARTS;
     static_assert(NT % COLS == 0 && DK % PARTS == 0 && DK + COLS <= NT && COLS % 32 == 0 && NT % (COLS / 4) == 0 &&
                       DK % (NT / (COLS / 4)) == 0, "recur_smem_kernel shape");
+    using TM = std::conditional_t<ONE, TS, float>;  // the staged state's type
+    constexpr bool WIDEN = sizeof(TS) < sizeof(TM);
     extern __shared__ float4 s_state4[];
-    float* const sS = reinterpret_cast<float*>(s_state4);  // [DK][COLS]
+    TM* const sS = reinterpret_cast<TM*>(s_state4);  // [DK][COLS]
     __shared__ float s_q[DK], s_k[DK], s_v[COLS], s_red[2][PARTS][COLS], s_scal[2], s_sum[3][k_warps];
     __shared__ float s_win[k_win][2 * DK + COLS];  // the new conv window's entries [j][q | k | the block's v channels]
     __shared__ __align__(16) float s_delta[COLS];  // the token's delta per column, for the update's layout
@@ -219,7 +224,7 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
     // the state first (16-byte aligned: cuda_state's layout): it needs nothing from the projection (PDL), and
     // everything else waits on it
     constexpr int PER16 = 16 / sizeof(TS);  // state entries a 16-byte copy moves
-    TS* const staged = reinterpret_cast<TS*>(sS) + (sizeof(TS) == 2 ? DK * COLS : 0);  // bf16: the upper half
+    TS* const staged = reinterpret_cast<TS*>(sS) + (WIDEN ? DK * COLS : 0);  // widened: from the upper half
     for (int c = tid; c < DK * COLS / PER16; c += NT) {
         const int r = c / (COLS / PER16), cc = c % (COLS / PER16);
         cp_async16(staged + r * COLS + cc * PER16, S + (int64_t)r * p.dv + cc * PER16);
@@ -228,7 +233,7 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
     // bf16: each thread reads its staged entries (8 a 16-byte word), all threads wait, then write them as fp32
     // over the whole buffer (the lower half first held nothing, the upper half's words are all read by then)
     auto widen = [&] {
-        if constexpr (sizeof(TS) == 2) {
+        if constexpr (WIDEN) {
             constexpr int WORDS = DK * COLS / 8 / NT;
             static_assert(DK * COLS % (8 * NT) == 0, "recur_smem_kernel: bf16 widening shape");
             uint4 w[WORDS];
@@ -278,7 +283,7 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
     win_load(false);
 
     const int vc = tid % COLS, part = tid / COLS, col = cb * COLS + vc;  // this thread's state column and rows
-    float* const mine = sS + part * RPP * COLS + vc;                      // its rows' entries, COLS apart
+    const TM* const mine = sS + part * RPP * COLS + vc;                   // its rows' entries, COLS apart
     // the update's layout: columns 4 c4 .. 4 c4 + 3, key rows vg VR .. vg VR + VR - 1
     constexpr int C4 = COLS / 4, VR = DK / (NT / C4);
     const int c4 = tid % C4, vg = tid / C4;
@@ -295,7 +300,7 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
             gdn_gates(r == 0 ? b0 : p.b[(int64_t)row * p.Hv + h], r == 0 ? a0 : p.a[(int64_t)row * p.Hv + h], A, dtb, s_scal);
         if (r == 0) {
             cp_async_wait<0>();
-            if constexpr (sizeof(TS) == 2) {
+            if constexpr (WIDEN) {
                 __syncthreads();  // every thread's copies have landed
                 widen();
             }
@@ -305,7 +310,7 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
         float u = 0, w = 0;
 #pragma unroll 8
         for (int i = 0; i < RPP; i++) {
-            const float s = mine[i * COLS];
+            const float s = state_ld(mine + i * COLS);
             u = fmaf(s, s_k[part * RPP + i], u);
             w = fmaf(s, s_q[part * RPP + i], w);
         }
@@ -330,12 +335,12 @@ __global__ void __launch_bounds__(k_smem_threads, 3) recur_smem_kernel(const gdn
 #pragma unroll 4
         for (int i = 0; i < VR; i++) {
             const int k = vg * VR + i;
-            float4 x = reinterpret_cast<float4*>(sS + k * COLS)[c4];
+            float4 x = state_ld4(sS + k * COLS + 4 * c4);
             const float kd = s_k[k] * rk;
             x.x = fmaf(alpha, x.x, kd * d4.x), x.y = fmaf(alpha, x.y, kd * d4.y);
             x.z = fmaf(alpha, x.z, kd * d4.z), x.w = fmaf(alpha, x.w, kd * d4.w);
             if (last) state_st4(S + (int64_t)k * p.dv + 4 * c4, x);
-            else reinterpret_cast<float4*>(sS + k * COLS)[c4] = x;
+            else state_st4(sS + k * COLS + 4 * c4, x);
         }
         if (!last) __syncthreads();  // the state, s_q, s_k, s_v, s_red, s_sum, s_delta are reused by the next token
     }
@@ -408,11 +413,12 @@ __global__ void __launch_bounds__(32 * k_norm_warps) gated_norm_warp_kernel(cons
     }
 }
 
-template <int COLS, class TS>
+template <int COLS, class TS, bool ONE>
 void launch_recur_smem(const gdn_params& p, int max_rows, cudaStream_t stream) {
-    const size_t smem = (size_t)DK * COLS * sizeof(float);  // beyond the default 48 KB (COLS = 128: 64 KB)
-    allow_dynamic_smem<recur_smem_kernel<COLS, TS>>(smem);
-    launch_pdl(recur_smem_kernel<COLS, TS>, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)),
+    // beyond the default 48 KB (COLS = 128: 64 KB, 32 KB for a bf16 state kept so)
+    const size_t smem = (size_t)DK * COLS * (ONE ? sizeof(TS) : sizeof(float));
+    allow_dynamic_smem<recur_smem_kernel<COLS, TS, ONE>>(smem);
+    launch_pdl(recur_smem_kernel<COLS, TS, ONE>, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)),
                dim3(k_smem_threads), smem, stream, p, max_rows);
 }
 
@@ -432,11 +438,14 @@ void gdn_forward(const gdn_params& p, cudaStream_t stream) {
         const int max_rows = any_long ? k_gdn_recur_max_rows : INT_MAX;
         with_state_type(p.shape.s16, [&](auto ts) {
             using TS = decltype(ts);
-            if (deltanet_recur_smem(p.n_spans) && p.dv % k_smem_cols == 0)
-                launch_recur_smem<k_smem_cols, TS>(p, max_rows, stream);
-            else
+            constexpr bool B16 = sizeof(TS) == 2;
+            if (!deltanet_recur_smem(p.n_spans) || p.dv % k_smem_cols != 0)
                 launch_pdl(recur_kernel<TS>, dim3((unsigned)p.n_spans, (unsigned)p.Hv, (unsigned)(p.dv / COLS)),
                            dim3(DK), 0, stream, p, max_rows);
+            else if (B16 && p.max_span == 1)  // every span one token (spans have >= 1 row): bf16 on chip, no widening
+                launch_recur_smem<k_smem_cols, TS, B16>(p, max_rows, stream);
+            else
+                launch_recur_smem<k_smem_cols, TS, false>(p, max_rows, stream);
         });
         CUDA_CHECK_LAUNCH();
     }

@@ -97,6 +97,12 @@ __device__ __forceinline__ void state_st2(float* p, float2 v) { *reinterpret_cas
 __device__ __forceinline__ void state_st2(__nv_bfloat16* p, float2 v) {
     *reinterpret_cast<__nv_bfloat162*>(p) = __float22bfloat162_rn(v);
 }
+__device__ __forceinline__ float4 state_ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 state_ld4(const __nv_bfloat16* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xFFFF0000u));
+}
 __device__ __forceinline__ void state_st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 __device__ __forceinline__ void state_st4(__nv_bfloat16* p, float4 v) {
     const __nv_bfloat162 lo = __float22bfloat162_rn(make_float2(v.x, v.y)), hi = __float22bfloat162_rn(make_float2(v.z, v.w));
