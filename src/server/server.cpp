@@ -116,11 +116,14 @@ void server::load() {
     }
     s.sched = std::make_unique<scheduler>(s.te->eng(), s.opt.sched);
     s.ready = true;
-    fprintf(stderr, "tansy serve: ready: model '%s'%s (%s backend), context %lld, batch %d, queue %d, state budget %.0f MiB\n",
+    const backend_options& bo = s.opt.engine.backend_opt;
+    fprintf(stderr, "tansy serve: ready: model '%s'%s (%s backend), context %lld, batch %d, queue %d, state budget %.0f MiB "
+            "(KV cache %s, DeltaNet state %s)\n",
             s.opt.model_name.c_str(), synthetic ? strprintf(" (synthetic, %lld layers, vocabulary %lld, tokenizer of %s)",
                                                            (long long)c.n_layers(), (long long)c.vocab, dir.c_str()).c_str() : "",
             s.opt.engine.backend.c_str(), (long long)s.ctx, s.opt.sched.max_batch,
-            s.opt.sched.max_queue, (double)s.opt.sched.state_budget / (1 << 20));
+            s.opt.sched.max_queue, (double)s.opt.sched.state_budget / (1 << 20), bo.kv_fp8 ? "fp8" : "bf16",
+            bo.state_bf16 ? "bf16" : "fp32");
 }
 
 void server::request_stop() {

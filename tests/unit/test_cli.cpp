@@ -70,6 +70,8 @@ TEST(cli, errors_are_one_line_with_exit_1) {
         "generate --ids-file " + d + "/ids.txt --kernels int8=maybe",
         "info --backend cuda --kernels tiles=64",
         "eval --ids-file " + d + "/ids.txt --compare-kv-cache fp4",
+        "generate --ids-file " + d + "/ids.txt --deltanet-state fp16",
+        "eval --ids-file " + d + "/ids.txt --compare-deltanet-state f32",
         "bench --prompts 0",
         "bench --prompts 256,x",
         "eval --ids-file " + d + "/ids.txt --reference /nonexistent.safetensors --reference-key x",
@@ -127,6 +129,15 @@ TEST(cli, logits_generate_eval_on_the_mlx_fixture) {
     j = nlohmann::json::parse(js);
     ASSERT_EQ(j["runs"].size(), 2u) << js;
     EXPECT_NE(j["runs"][1]["weights"].get<std::string>().find("FP8 KV cache"), std::string::npos) << js;
+
+    // the bf16 DeltaNet state as run B, one decode step a position: it moves the logits, a little
+    js = stdout_only("eval --model " + m + " --ids-file " + d + "/ids.txt --compare-deltanet-state bf16 --prefill-chunk 1 "
+                     "--json");
+    j = nlohmann::json::parse(js);
+    ASSERT_EQ(j["runs"].size(), 2u) << js;
+    EXPECT_NE(j["runs"][1]["weights"].get<std::string>().find("bf16 DeltaNet state"), std::string::npos) << js;
+    EXPECT_GT(j["comparisons"][0]["mean_kl"].get<double>(), 0.0) << js;
+    EXPECT_LT(j["comparisons"][0]["mean_kl"].get<double>(), 1e-3) << js;
 }
 
 TEST(cli, prefill_chunk_gives_the_same_logits_and_ids) {
