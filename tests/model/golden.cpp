@@ -1,11 +1,14 @@
 #include "golden.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "core/check.h"
+#include "runtime/metrics.h"
 
 namespace tansy::test {
 
@@ -52,6 +55,18 @@ engine& shared_engine(const std::string& model_dir, const std::string& backend, 
 }
 
 engine& cpu_engine(const std::string& model_dir) { return shared_engine(model_dir, "cpu"); }
+
+void expect_near_run(const char* what, const std::vector<float>& a, const std::vector<float>& b, int64_t P, int64_t V,
+                     const int32_t* targets, const nearness_bounds& bounds) {
+    const logits_comparison c = compare_logits(a.data(), b.data(), P, V);
+    const double shift = mean_nll(b.data(), P, V, targets) - mean_nll(a.data(), P, V, targets);
+    printf("  %s, %lld positions: top-1 %.4f  mean KL %.3e  p99 KL %.3e  NLL %+.6f\n", what, (long long)P,
+           c.top1_agreement, c.mean_kl, c.p99_kl, shift);
+    EXPECT_GE(c.top1_agreement, bounds.min_top1) << what;
+    EXPECT_LE(c.mean_kl, bounds.max_mean_kl) << what;
+    EXPECT_GE(c.mean_kl, bounds.min_mean_kl) << what;
+    EXPECT_LE(std::fabs(shift), bounds.max_nll_shift) << what;
+}
 
 std::vector<float> prefill_then_decode(engine& e, const std::vector<int32_t>& ids, size_t split) {
     auto st = e.new_sequence((int64_t)ids.size());

@@ -29,6 +29,17 @@ engine& shared_engine(const std::string& model_dir, const std::string& backend, 
                       bool kv_fp8 = false, bool state_bf16 = false);
 engine& cpu_engine(const std::string& model_dir);
 
+// How far a storage option (the FP8 KV cache, the bf16 DeltaNet state) may move logits from the run without it.
+struct nearness_bounds {
+    double min_top1, max_mean_kl;
+    double min_mean_kl;    // below it the option would not be in effect at all
+    double max_nll_shift;  // nats
+};
+// Compares run b's logits with run a's over P positions of V logits (position i predicting targets[i]), prints one
+// line naming `what` and checks the bounds.
+void expect_near_run(const char* what, const std::vector<float>& a, const std::vector<float>& b, int64_t P, int64_t V,
+                     const int32_t* targets, const nearness_bounds& bounds);
+
 // Logits of every position of `ids`: a prefill of ids[0, split), then each further token as its own decode
 // step (split 0: all of them token by token).
 std::vector<float> prefill_then_decode(engine& e, const std::vector<int32_t>& ids, size_t split);

@@ -1,9 +1,6 @@
 // The FP8 KV cache (--kv-cache fp8) on the CPU reference: the tiny MLX model's teacher window (1024 positions)
 // against the same model with the CPU's fp32 cache, through prompt processing and through decode.
 // docs/QUALITY.md records the figures; tests/cuda/test_model_cuda.cpp holds the CUDA side to this reference.
-#include <cmath>
-#include <cstdio>
-
 #include "golden.h"
 #include "runtime/metrics.h"
 
@@ -38,14 +35,8 @@ TEST(kv_fp8, tiny_model_teacher_window) {
         return e.step(*st, in, logits_rows::all);
     };
     const std::vector<float> a = run(e16), b = run(e8);
-    const logits_comparison c = compare_logits(a.data(), b.data(), P, V);
-    const double nll_a = mean_nll(a.data(), P, V, ids.data() + 1), nll_b = mean_nll(b.data(), P, V, ids.data() + 1);
-    printf("  FP8 KV vs fp32 cache, %lld positions: top-1 %.4f  mean KL %.3e  p99 KL %.3e  NLL %+.5f\n",
-           (long long)P, c.top1_agreement, c.mean_kl, c.p99_kl, nll_b - nll_a);
-    EXPECT_GE(c.top1_agreement, MIN_TOP1_FP8);
-    EXPECT_LE(c.mean_kl, MAX_MEAN_KL_FP8);
-    EXPECT_GE(c.mean_kl, MIN_MEAN_KL_FP8);
-    EXPECT_LE(std::fabs(nll_b - nll_a), MAX_NLL_SHIFT_FP8);
+    test::expect_near_run("FP8 KV vs fp32 cache", a, b, P, V, ids.data() + 1,
+                          {MIN_TOP1_FP8, MAX_MEAN_KL_FP8, MIN_MEAN_KL_FP8, MAX_NLL_SHIFT_FP8});
 
     // the first 96 positions again, 32 by prompt processing and the rest token by token
     const int64_t n = 96;
