@@ -141,7 +141,8 @@ int cmd_bench(int argc, char** argv) {
             printf("%6lld %8lld %10.1f %9.3f %10.1f %8.1f %9.1f%% %9.2f\n", (long long)r.batch, (long long)r.context, r.tok_s,
                    r.step_s * 1e3, r.bytes_per_step / 1e6, r.gbps, r.roofline_pct, r.peak_gib);
         printf("roofline: %.0f GB/s (--peak-gbps); bytes/step = weights touched + KV cache (%s) + DeltaNet state "
-               "(%s)\n", o.peak_gbps, o.kv_fp8 ? "FP8 E4M3 + a scale per KV head" : "bf16", o.state_bf16 ? "bf16" : "fp32");
+               "(%s)\n", o.peak_gbps, o.kv_fp8 ? "FP8 E4M3 + a scale per KV head" : "bf16",
+               o.state_bf16 ? "bf16" : "fp32");
     }
     if (!prefill.empty()) {
         if (!rows.empty()) printf("\n");

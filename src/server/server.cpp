@@ -117,7 +117,8 @@ void server::load() {
     s.sched = std::make_unique<scheduler>(s.te->eng(), s.opt.sched);
     s.ready = true;
     const backend_options& bo = s.opt.engine.backend_opt;
-    fprintf(stderr, "tansy serve: ready: model '%s'%s (%s backend), context %lld, batch %d, queue %d, state budget %.0f MiB "
+    fprintf(stderr,
+            "tansy serve: ready: model '%s'%s (%s backend), context %lld, batch %d, queue %d, state budget %.0f MiB "
             "(KV cache %s, DeltaNet state %s)\n",
             s.opt.model_name.c_str(), synthetic ? strprintf(" (synthetic, %lld layers, vocabulary %lld, tokenizer of %s)",
                                                            (long long)c.n_layers(), (long long)c.vocab, dir.c_str()).c_str() : "",

@@ -230,16 +230,19 @@ TEST(cuda_gdn_prefill, tiny_shapes) {
     check_prefill_both_forms(*p);
 }
 
-// Value-to-key head ratios of 1 and 4 and narrower value heads than the fixtures' (ratio 2, dv 128).
+// Value-to-key head ratios of 1 and 4 and narrower value heads than the fixtures' (ratio 2, dv 128), with either
+// state type (dv 64 and 32 keep a bf16 state on the register form in decode).
 TEST(cuda_gdn_prefill, other_head_shapes) {
     TANSY_REQUIRE_GPU();
-    for (auto [hk, hv, dv] : {std::tuple<int64_t, int64_t, int64_t>{2, 2, 64}, {1, 4, 32}}) {
-        model_config c = tiny_config();
-        c.lin_k_heads = hk, c.lin_v_heads = hv, c.lin_v_dim = dv;
-        SCOPED_TRACE("Hk " + std::to_string(hk) + " Hv " + std::to_string(hv) + " dv " + std::to_string(dv));
-        auto p = make_pair(c);
-        check_prefill_both_forms(*p);
-    }
+    for (auto [hk, hv, dv] : {std::tuple<int64_t, int64_t, int64_t>{2, 2, 64}, {1, 4, 32}})
+        for (bool bf16 : {false, true}) {
+            model_config c = tiny_config();
+            c.lin_k_heads = hk, c.lin_v_heads = hv, c.lin_v_dim = dv;
+            SCOPED_TRACE("Hk " + std::to_string(hk) + " Hv " + std::to_string(hv) + " dv " + std::to_string(dv) +
+                         (bf16 ? ", bf16 state" : ""));
+            auto p = make_pair(c, false, false, {}, bf16);
+            check_prefill_both_forms(*p, bf16 ? TOL_GDN_BF16_STATE : TOL_GDN_PREFILL);
+        }
 }
 
 TEST(cuda_gdn_prefill, real_shapes) {

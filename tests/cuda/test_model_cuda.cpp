@@ -94,8 +94,8 @@ void teacher_window(const char* name, bool q4, bool gold_nll = true, bool precis
         EXPECT_NEAR(nll / n, want / n, TOL_NLL);
     }
     printf("[ %s%s%s%s ] prompt: top-1 %.4f (raw %.4f, %lld ties) KL %.2e | decode: top-1 %.4f KL %.2e | NLL %.5f vs %.5f\n",
-           name, precise ? " precise" : "", kv_fp8 ? " fp8 KV" : "", state_bf16 ? " bf16 state" : "", pp.top1, pp.top1_raw, (long long)pp.ties,
-           pp.mean_kl, dp.top1, dp.mean_kl, nll / n, want / n);
+           name, precise ? " precise" : "", kv_fp8 ? " fp8 KV" : "", state_bf16 ? " bf16 state" : "", pp.top1,
+           pp.top1_raw, (long long)pp.ties, pp.mean_kl, dp.top1, dp.mean_kl, nll / n, want / n);
 }
 
 }  // namespace
@@ -107,7 +107,9 @@ TEST(cuda_model, teacher_window_mlx4_fp8_kv) { teacher_window("tiny-qwen35moe-ml
 TEST(cuda_model, teacher_window_gqa_fp8_kv) { teacher_window("tiny-gqa", false, false, false, true); }
 // The bf16 DeltaNet state against the CPU's bf16 rounding; the decode path stores the state after every token (the
 // golden NLL still holds: the bf16 state moves it by ~2e-5 nats on the CPU, tests/model/test_state_bf16.cpp).
-TEST(cuda_model, teacher_window_mlx4_bf16_state) { teacher_window("tiny-qwen35moe-mlx4", true, true, false, false, true); }
+TEST(cuda_model, teacher_window_mlx4_bf16_state) {
+    teacher_window("tiny-qwen35moe-mlx4", true, true, false, false, true);
+}
 TEST(cuda_model, teacher_window_bf16_text) { teacher_window("tiny-qwen35moe", false); }
 TEST(cuda_model, teacher_window_bf16_release) { teacher_window("tiny-qwen35moe-hub", false); }
 // tiny-gqa: bf16 text-only layout, 16 query heads over 2 KV heads. Random weights give flat distributions with

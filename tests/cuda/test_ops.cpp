@@ -338,17 +338,20 @@ TEST(cuda_ops, deltanet_decode_forms) {
     }
 }
 
-// The decode forms with a bf16 state (each form loads it, widens it and stores it rounded), at the real shapes:
-// batches of odd spans, single tokens, and a long span taking the prefill path beside them.
+// The decode forms with a bf16 state (each form loads it, widens it or keeps it bf16 on chip, stores it rounded),
+// at the tiny and the real shapes: batches of odd spans, single tokens (the bf16-on-chip form), and a long span
+// taking the prefill path beside them.
 TEST(cuda_ops, deltanet_decode_forms_bf16_state) {
     TANSY_REQUIRE_GPU();
-    auto p = make_pair(real_config(), /*precise_gemm=*/true, false, {}, /*state_bf16=*/true);
-    for (int form : k_recur_forms) {
-        SCOPED_TRACE("form " + std::to_string(form));
-        deltanet_recur_scope scope(form);
-        check_deltanet_steps(*p, {{3, 1, 16, 5, 1}, {1, 1, 1, 1, 1}, {1, 20, 1, 2, 1}, {7, 1, 1, 1, 9}, {1, 1, 1, 1, 1},
-                                  {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}},
-                             4100 + (uint32_t)form, TOL_BF16_STATE_OP);
+    for (const model_config& c : {tiny_config(), real_config()}) {
+        auto p = make_pair(c, /*precise_gemm=*/true, false, {}, /*state_bf16=*/true);
+        for (int form : k_recur_forms) {
+            SCOPED_TRACE("hidden " + std::to_string(c.hidden) + ", form " + std::to_string(form));
+            deltanet_recur_scope scope(form);
+            check_deltanet_steps(*p, {{3, 1, 16, 5, 1}, {1, 1, 1, 1, 1}, {1, 20, 1, 2, 1}, {7, 1, 1, 1, 9}, {1, 1, 1, 1, 1},
+                                      {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}},
+                                 4100 + (uint32_t)form, TOL_BF16_STATE_OP);
+        }
     }
 }
 

@@ -131,8 +131,8 @@ TEST(cli, logits_generate_eval_on_the_mlx_fixture) {
     EXPECT_NE(j["runs"][1]["weights"].get<std::string>().find("FP8 KV cache"), std::string::npos) << js;
 
     // the bf16 DeltaNet state as run B, one decode step a position: it moves the logits, a little
-    js = stdout_only("eval --model " + m + " --ids-file " + d + "/ids.txt --compare-deltanet-state bf16 --prefill-chunk 1 "
-                     "--json");
+    js = stdout_only("eval --model " + m + " --ids-file " + d +
+                     "/ids.txt --compare-deltanet-state bf16 --prefill-chunk 1 --json");
     j = nlohmann::json::parse(js);
     ASSERT_EQ(j["runs"].size(), 2u) << js;
     EXPECT_NE(j["runs"][1]["weights"].get<std::string>().find("bf16 DeltaNet state"), std::string::npos) << js;

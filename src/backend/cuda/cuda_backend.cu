@@ -52,7 +52,7 @@ class cuda_state final : public seq_state {
         capacity_ = capacity;
         kv_bytes_ = (size_t)n_attn * 2 * sh.capacity * sh.kvd * (sh.kv8 ? 1 : 2);
         scale_bytes_ = sh.kv8 ? (size_t)n_attn * 2 * sh.capacity * sh.hkv * 4 : 0;
-        kv_bytes_ = (kv_bytes_ + 255) / 256 * 256;  // the scales and the fp32 state stay 256-byte aligned
+        kv_bytes_ = (kv_bytes_ + 255) / 256 * 256;  // the scales and the state stay 256-byte aligned
         scale_bytes_ = (scale_bytes_ + 255) / 256 * 256;
         conv_bytes_ = (size_t)n_gdn * 2 * sh.conv_rows * sh.conv_ch * 4;
         s_bytes_ = (size_t)n_gdn * sh.s_elems * (sh.s16 ? 2 : 4);
@@ -830,6 +830,8 @@ class cuda_backend final : public backend {
             const seq_span& s = spans[i];
             for (int64_t r = 0; r < s.n; r++) rows[(size_t)(s.row0 + r)] = {(int32_t)i, (int32_t)r};
             sp.push_back({(int32_t)s.row0, (int32_t)s.n, s.mark_state ? (int32_t)s.mark : 0});
+            const dshape& ss = static_cast<cuda_state*>(s.state)->shape();
+            TANSY_CHECK(ss.s16 == sh_.s16 && ss.kv8 == sh_.kv8, "cuda: a state of another backend's storage types");
             sq.push_back(static_cast<cuda_state*>(s.state)->dev());
             mk.push_back(s.mark_state ? static_cast<cuda_state*>(s.mark_state)->dev() : dseq{});
             cap = i == 0 ? s.state->capacity() : std::min(cap, s.state->capacity());

@@ -197,11 +197,12 @@ __global__ void __launch_bounds__(DK) recur_kernel(const gdn_params p, int max_r
 // keeps 3 x 64 KB of state in flight where the register form, its 32 state registers a thread capping it at ~5
 // blocks of 16 KB, keeps ~80 KB (1.5 TB/s at 64 rows; this form 2.2 TB/s at 256 rows, on the H100). Each thread
 // then sums S^T k and S^T q over one column x RPP key rows, and updates 4 columns x VR rows (float4: a warp moves
-// 512 contiguous bytes); at the span's last token the update goes straight to global memory.
+// 512 contiguous bytes, 256 of a bf16 state); at the span's last token the update goes straight to global memory.
 // Roles: threads < DK convolve q and k channel tid, threads DK .. DK + COLS the v channels.
-// A bf16 state (TS): for a batch of single-token spans (ONE: a decode step) it stays bf16 in shared memory (32 KB:
-// 4 blocks an SM), read as fp32 and stored at once; for longer spans it lands by cp.async in the fp32 buffer's
-// upper half and is widened in place before the first token reads it (the tokens between update it in fp32).
+// A bf16 state (TS): in a step whose spans are all single tokens (ONE: gdn_params::max_span 1) it stays bf16 in
+// shared memory (32 KB: 4 blocks an SM), read as fp32 and stored at once; in other steps it lands by cp.async in
+// the fp32 buffer's upper half and is widened in place before the first token reads it (the tokens of a span
+// update it in fp32 between).
 template <int COLS, class TS, bool ONE>
 __global__ void __launch_bounds__(k_smem_threads, ONE && sizeof(TS) == 2 ? 4 : 3)
     recur_smem_kernel(const gdn_params p, int max_rows) {
@@ -246,7 +247,8 @@ __global__ void __launch_bounds__(k_smem_threads, ONE && sizeof(TS) == 2 ? 4 : 3
                 float4* dst = reinterpret_cast<float4*>(sS) + 2 * (tid + i * NT);
                 float f[8];
 #pragma unroll
-                for (int j = 0; j < 4; j++) f[2 * j] = __uint_as_float(u[j] << 16), f[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+                for (int j = 0; j < 4; j++)
+                    f[2 * j] = __uint_as_float(u[j] << 16), f[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
                 dst[0] = make_float4(f[0], f[1], f[2], f[3]);
                 dst[1] = make_float4(f[4], f[5], f[6], f[7]);
             }
@@ -301,7 +303,9 @@ __global__ void __launch_bounds__(k_smem_threads, ONE && sizeof(TS) == 2 ? 4 : 3
         if (r == 0) {
             cp_async_wait<0>();
             if constexpr (WIDEN) {
-                __syncthreads();  // every thread's copies have landed
+                // (each thread reads back only its own copies, waited for above; this barrier keeps that safe
+                // should the copy and widening layouts ever differ)
+                __syncthreads();
                 widen();
             }
         }

@@ -43,7 +43,9 @@ struct gdn_params {
     // chunked form (I+L)^-1 and A rows [Hv, T, 64] each
     float* work = nullptr;
     bool chunked = true;  // prefill spans in the chunk-parallel form (MODEL.md §4.7), else token by token
-    int max_span = 0;     // rows of the longest span (required by the chunked form: its grid's chunk count)
+    // rows of the longest span: the chunked form's grid (its chunk count), and the decode forms' choice (1: a bf16
+    // state stays bf16 in shared memory, which is exact only when no span has a second token)
+    int max_span = 0;
     bool any_mark = false;  // some span has a mark (its chunks restart there: one chunk more at most)
     // outputs
     float* o = nullptr;    // [T, Hv*dv] delta-rule output (before the gated norm); the prefill path stages v here
@@ -105,8 +107,10 @@ __device__ __forceinline__ float4 state_ld4(const __nv_bfloat16* p) {
 }
 __device__ __forceinline__ void state_st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 __device__ __forceinline__ void state_st4(__nv_bfloat16* p, float4 v) {
-    const __nv_bfloat162 lo = __float22bfloat162_rn(make_float2(v.x, v.y)), hi = __float22bfloat162_rn(make_float2(v.z, v.w));
-    *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    const __nv_bfloat162 lo = __float22bfloat162_rn(make_float2(v.x, v.y));
+    const __nv_bfloat162 hi = __float22bfloat162_rn(make_float2(v.z, v.w));
+    *reinterpret_cast<uint2*>(p) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
 }
 // v as a store of TS would keep it (a state carried on past a mark continues from what the checkpoint holds).
 template <class TS>
@@ -114,17 +118,13 @@ __device__ __forceinline__ float state_round(float v) {
     if constexpr (sizeof(TS) == 2) return __bfloat162float(__float2bfloat16_rn(v));
     else return v;
 }
-}  // namespace tansy::cuda
-#endif
 
-namespace tansy::cuda {
 // Calls f with a value of the state's storage type (float, or __nv_bfloat16 where s16): kernels instantiated for
 // both are launched through it.
-#if defined(__CUDACC__)
 template <class F>
 void with_state_type(bool s16, F&& f) {
     if (s16) f(__nv_bfloat16{});
     else f(float{});
 }
-#endif
 }  // namespace tansy::cuda
+#endif

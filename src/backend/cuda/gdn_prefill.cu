@@ -1,6 +1,7 @@
 // Gated DeltaNet for prompt processing (MODEL.md §4.2-4.6): the path gdn_forward (gdn.cu) takes for spans of
-// more than k_gdn_recur_max_rows rows. fp32 throughout (the chunked form's matrix products in 3xTF32, ~2^-20
-// relative); the conv, SiLU, norms and gates are bit-identical to gdn.cu's recur_kernel.
+// more than k_gdn_recur_max_rows rows. fp32 math throughout (the chunked form's matrix products in 3xTF32, ~2^-20
+// relative; the state stored in fp32 or bf16, dshape::s16); the conv, SiLU, norms and gates are bit-identical to
+// gdn.cu's recur_kernel.
 //   prep_kernel                      causal conv + SiLU, q/k L2 norms, beta and alpha per row: fully parallel.
 //   chunk_kernel, chunk_scan_kernel  the default: the chunk-parallel form of MODEL.md §4.7 (64-row chunks): the
 //                                    intra-chunk products and Tinv = (I + L)^-1 in parallel, then one scan over
