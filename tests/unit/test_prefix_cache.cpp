@@ -169,8 +169,9 @@ void mark_inside_a_step(bool state_bf16) {
         // the same tail after it
         EXPECT_LT(test::rel_error(eng.step(*a, tail, logits_rows::all), tail_ref), TOL_MARK_SPLIT);
         ASSERT_EQ(got_piece.size(), want_piece.size());
-        if (!state_bf16)
+        if (!state_bf16) {
             EXPECT_LT(test::rel_error(got_piece, want_piece), TOL_MARK_SPLIT) << "the mark leaves the step's output";
+        }
     }
 }
 
@@ -316,7 +317,9 @@ TEST(prefix_cache, a_chat_turn_runs_in_one_step_with_its_turn_checkpoint) {
         const uint64_t steps = s.stats().steps;
         const outcome o = run(s, (uint64_t)turn, p, 1);
         for (int i = 0; i < 2000 && s.stats().steps == steps; i++) std::this_thread::sleep_for(1ms);
-        if (turn == 2) EXPECT_EQ(o.ids, reference_greedy(p, 1)) << "the restored turn's token";
+        if (turn == 2) {
+            EXPECT_EQ(o.ids, reference_greedy(p, 1)) << "the restored turn's token";
+        }
         EXPECT_EQ(o.fin.cached_tokens, restored) << "turn " << turn;
         EXPECT_EQ(s.stats().steps - steps, 1u) << "turn " << turn << ": one forward pass";
         // a prompt that leaves this one right after its last <|im_start|> restores exactly the checkpoint there
