@@ -297,6 +297,10 @@ __device__ __forceinline__ float sb_scale(uint32_t sb) { return __uint_as_float(
 __device__ __forceinline__ float sb_bias(uint32_t sb) { return __uint_as_float(sb & 0xFFFF0000u); }
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+// Two packed bf16 values (the lower address in the low half) as floats.
+__device__ __forceinline__ float2 bf16x2_bits_to_float2(uint32_t w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+}
 
 __device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));

@@ -243,14 +243,11 @@ __global__ void __launch_bounds__(k_smem_threads, ONE && sizeof(TS) == 2 ? 4 : 3
             __syncthreads();
 #pragma unroll
             for (int i = 0; i < WORDS; i++) {
-                const uint32_t u[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+                const float2 a = bf16x2_bits_to_float2(w[i].x), b = bf16x2_bits_to_float2(w[i].y),
+                             c = bf16x2_bits_to_float2(w[i].z), d = bf16x2_bits_to_float2(w[i].w);
                 float4* dst = reinterpret_cast<float4*>(sS) + 2 * (tid + i * NT);
-                float f[8];
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    f[2 * j] = __uint_as_float(u[j] << 16), f[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
-                dst[0] = make_float4(f[0], f[1], f[2], f[3]);
-                dst[1] = make_float4(f[4], f[5], f[6], f[7]);
+                dst[0] = make_float4(a.x, a.y, b.x, b.y);
+                dst[1] = make_float4(c.x, c.y, d.x, d.y);
             }
         }
     };

@@ -79,7 +79,7 @@ void gdn_prefill(const gdn_params& p, int min_rows, cudaStream_t stream);
 }  // namespace tansy::cuda
 
 #if defined(__CUDACC__)
-#include <cuda_bf16.h>
+#include "backend/cuda/common.cuh"  // bf16x2_bits_to_float2, cuda_bf16.h
 
 namespace tansy::cuda {
 // Shared by gdn.cu and gdn_prefill.cu. softplus(x) = log(1 + e^x), the identity above 20 (as PyTorch).
@@ -102,8 +102,8 @@ __device__ __forceinline__ void state_st2(__nv_bfloat16* p, float2 v) {
 __device__ __forceinline__ float4 state_ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 state_ld4(const __nv_bfloat16* p) {
     const uint2 u = *reinterpret_cast<const uint2*>(p);
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
-                       __uint_as_float(u.y & 0xFFFF0000u));
+    const float2 lo = bf16x2_bits_to_float2(u.x), hi = bf16x2_bits_to_float2(u.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 __device__ __forceinline__ void state_st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 __device__ __forceinline__ void state_st4(__nv_bfloat16* p, float4 v) {
