@@ -252,27 +252,37 @@ TEST(cuda_gemm_scale, large_activations) {
 
 // 4-bit groups of 32 (two (scale, bias) per 64-value k-tile) and 128 (one per two k-tiles) next to the default 64,
 // on 64-row tiles (M = 17) and the widest dense tiles (M = 600).
+// K = 1664: 26 k-tiles, so the wgmma GEMM's (scale, bias) chunks (4 k-tiles with groups of 32, 8 else) wrap around
+// its slots; 13 groups of 128 a row, rows not 16-byte aligned; K in 3 slices: chunks starting inside a group.
 TEST(cuda_gemm_groups, q4_group_sizes_match_cpu_twin) {
     TANSY_REQUIRE_GPU();
-    const int64_t N = 200, K = 512;
+    const int64_t N = 200;
     for (bool wg : test::gemm_wgmma_modes()) {
         test::gemm_wgmma_scope kernel(wg);
         SCOPED_TRACE(test::gemm_kernel_name(wg));
         for (int group : {32, 128})
-            for (int M : {17, 600}) {
-                test_matrix W(dfmt::q4, N, K, 90 + (uint32_t)group, group);
-                auto x = test::random_normal((size_t)(M * K), 91 + (uint32_t)M, 1.0f);
-                auto dx = to_device(x);
-                const cuda::device_buffer dx16 = fp16_of(dx, M, K);
-                cuda::device_buffer dy((size_t)(M * N) * 4);
-                cuda::gemm_params p;
-                p.W = W.d, p.N = N, p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = K, p.M = M;
-                p.seg[0] = {(float*)dy.get(), N, 0};
-                cuda::gemm(p, 0);
-                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-                EXPECT_LT(test::rel_error(from_device<float>(dy, (size_t)(M * N)), reference(W, x, M, 0, N, true)), TOL_GEMM_EMULATED)
-                    << "group " << group << ", M = " << M;
-            }
+            for (int64_t K : {512, 1664})
+                for (int M : {17, 600})
+                    for (int split_k : {1, 3}) {
+                        test_matrix W(dfmt::q4, N, K, 90 + (uint32_t)group, group);
+                        auto x = test::random_normal((size_t)(M * K), 91 + (uint32_t)M, 1.0f);
+                        auto dx = to_device(x);
+                        const cuda::device_buffer dx16 = fp16_of(dx, M, K);
+                        cuda::device_buffer dy((size_t)(M * N) * 4);
+                        cuda::gemm_params p;
+                        p.W = W.d, p.N = N, p.x16 = (const uint16_t*)dx16.get(), p.ldx16 = K, p.M = M;
+                        p.seg[0] = {(float*)dy.get(), N, 0};
+                        p.split_k = split_k;
+                        const size_t ws_floats = cuda::gemm_split_floats(p);
+                        if (split_k != 1 && ws_floats == 0) continue;  // no split for this kernel and shape
+                        cuda::device_buffer ws(std::max<size_t>(ws_floats, 1) * 4);
+                        p.split_ws = ws_floats ? (float*)ws.get() : nullptr;
+                        cuda::gemm(p, 0);
+                        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                        EXPECT_LT(test::rel_error(from_device<float>(dy, (size_t)(M * N)), reference(W, x, M, 0, N, true)),
+                                  TOL_GEMM_EMULATED)
+                            << "group " << group << ", K " << K << ", M " << M << ", K slices " << cuda::gemm_split_slices(p);
+                    }
     }
 }
 

@@ -164,8 +164,11 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, uint32_t sel, __
 // The CTA's tile: 128 W rows (warpgroup g: rows 64g .. 64g+63, the wgmma A operand, dequantised in registers)
 // against NT token rows (the B operand: the GEMM's fp16 A rows, 128-byte-swizzled K-major in shared memory).
 // Ring stage: X [NT][64] fp16 | W words [128][32 bytes] (the two 16-byte chunks of row r swapped when bit 2 of r
-// is set: a warp's eight rows then read distinct banks) | (scale, bias) [128][2]. 8 stages (5 of 37 KB at 256
-// tokens, 7 at 80); two CTAs an SM at 64 and 80 tokens (<= 128 registers a thread).
+// is set: a warp's eight rows then read distinct banks). 8 stages (5 of 36 KB at 256 tokens, 7 at 80); two CTAs an
+// SM at 64 and 80 tokens (<= 128 registers a thread). After the ring, SB_SLOTS slots of (scale, bias) words: 8
+// words a W row, those of SB_CHUNK k-tiles (4 with groups of 32, else 8), one 16-byte copy a thread (per k-tile,
+// one 4-byte copy each made the copies' count and latency the kernel's largest cost). Three slots: chunk c + 3
+// overwrites chunk c's slot once its k-tiles are all read, even at 4 k-tiles a chunk and 6 in flight.
 template <int NT>
 struct wg_layout {
     static constexpr int WROWS = 128;
@@ -175,10 +178,15 @@ struct wg_layout {
     static constexpr int CTAS = NT <= 80 ? 2 : 1;  // per SM
     static constexpr uint32_t X_BYTES = (uint32_t)NT * BK * 2;
     static constexpr uint32_t W_BYTES = (uint32_t)WROWS * (BK / 2);
-    static constexpr uint32_t SB_BYTES = (uint32_t)WROWS * 2 * 4;
-    static constexpr uint32_t STAGE = X_BYTES + W_BYTES + SB_BYTES;
-    static constexpr size_t SMEM = (size_t)STAGES * STAGE + 1024;  // + alignment of the dynamic base
+    static constexpr uint32_t STAGE = X_BYTES + W_BYTES;
+    static constexpr int SB_WORDS = 8, SB_SLOTS = 3;  // words a row in a slot; slots
+    static constexpr uint32_t SB_SLOT = (uint32_t)WROWS * SB_WORDS * 4;
+    static constexpr size_t SMEM = (size_t)STAGES * STAGE + SB_SLOTS * SB_SLOT + 1024;  // + alignment of the base
     static_assert(X_BYTES % 1024 == 0 && STAGE % 1024 == 0, "1024-byte swizzle atoms");
+    static_assert(CTAS == 1 || SMEM + 1024 <= 228 * 1024 / CTAS, "CTAS blocks fit an SM's shared memory");
+    // chunk c + SB_SLOTS is issued in the step of k-tile SB_CHUNK (c + SB_SLOTS) - PREFETCH, after its barrier: by
+    // then k-tiles up to that one are read, chunk c's last (SB_CHUNK (c + 1) - 1) included
+    static_assert(4 * (SB_SLOTS - 1) >= PREFETCH - 1, "a (scale, bias) slot is refilled only once it is read");
     static_assert((size_t)NT * (WROWS + 4) * 4 <= (size_t)STAGES * STAGE, "the epilogue's tile fits the ring");
 };
 
@@ -198,6 +206,7 @@ __device__ __forceinline__ const dmat& w_row_of(const gemm_params& p, int c, int
 // The thread's A fragments of one k-tile: a[s] for k16 step s, rows r0 and r0 + 8 of the tile (r0 = 16 warp +
 // lane/4). Fragment register j of step s holds columns 16s + 8(j/2) + 2t, +1 (t = lane%4) of row r0 + 8(j%2):
 // byte t of word 2s + j/2 of that row (the checkpoint's nibble order: value 8w + 2i in the low nibble of byte i).
+// sb: the k-tile's (scale, bias) word of tile row 0 in its slot (rows 8 words apart; groups of 32: two words).
 __device__ __forceinline__ void a_fragments(uint32_t (&a)[4][4], const unsigned char* st_w, const uint32_t* st_sb, int r0,
                                              uint32_t sel, bool two_groups) {
     uint32_t w[2][8];
@@ -209,7 +218,8 @@ __device__ __forceinline__ void a_fragments(uint32_t (&a)[4][4], const unsigned 
         const uint4 c0 = *reinterpret_cast<const uint4*>(row + 16 * swap), c1 = *reinterpret_cast<const uint4*>(row + 16 * (1 - swap));
         w[h][0] = c0.x, w[h][1] = c0.y, w[h][2] = c0.z, w[h][3] = c0.w;
         w[h][4] = c1.x, w[h][5] = c1.y, w[h][6] = c1.z, w[h][7] = c1.w;
-        const uint2 sb = *reinterpret_cast<const uint2*>(st_sb + 2 * (r0 + 8 * h));
+        const uint32_t* sbr = st_sb + 8 * (r0 + 8 * h);
+        const uint2 sb = two_groups ? *reinterpret_cast<const uint2*>(sbr) : make_uint2(*sbr, 0u);
         const float s0 = sb_scale(sb.x);
         sc[h][0] = sc[h][1] = __floats2half2_rn(s0, s0 * 0.0625f);
         bi[h][0] = bi[h][1] = __float2half2_rn(sb_bias(sb.x));
@@ -317,7 +327,7 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
     using L = wg_layout<NT>;
     constexpr int STAGES = L::STAGES, PREFETCH = L::PREFETCH;
     constexpr int X_CHUNKS = (NT * (BK / 8) + k_threads - 1) / k_threads;  // 16-byte chunks of X per thread and k-tile
-    static_assert(L::WROWS * 2 == k_threads, "one W chunk and one (scale, bias) word per thread and k-tile");
+    static_assert(L::WROWS * 2 == k_threads, "one W chunk a thread and k-tile, two threads a (scale, bias) chunk row");
     extern __shared__ __align__(16) unsigned char smem_dyn[];
     unsigned char* smem = smem_dyn + ((1024 - (smem_addr(smem_dyn) & 1023)) & 1023);
     const uint32_t sbase = smem_addr(smem);
@@ -330,8 +340,8 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
     const int nk = kt1 - kt0;
 
     // copy roles, as (source at k-tile 0, bytes: 16 or 0 for a zero fill, offset in the stage). X: rows tid/8 + 32 i,
-    // 16-byte chunk tid % 8; W: row tid / 2, chunk tid % 2, and its (scale, bias) word of k-tile half tid % 2. Sources
-    // of missing rows stay valid addresses (row 0, the expert's first W row) with nothing read.
+    // 16-byte chunk tid % 8; W: row tid / 2, chunk tid % 2, and words 4 (tid % 2) .. + 3 of the row's (scale, bias)
+    // chunk. Sources of missing rows stay valid addresses (row 0, the expert's first W row) with nothing read.
     const unsigned char* xsrc[X_CHUNKS];
     uint32_t xbytes[X_CHUNKS], xdst[X_CHUNKS];
 #pragma unroll
@@ -346,10 +356,15 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
     bool wok;
     const dmat& W = w_row_of<EPI>(p, wr, expert, wrow, wok);
     const unsigned char* wsrc = reinterpret_cast<const unsigned char*>(W.w + wrow * W.row_words()) + half * 16;
-    const uint32_t* sbsrc = W.sb + wrow * W.n_groups();
-    const uint32_t wbytes = wok ? 16 : 0, sbbytes = wok ? 4 : 0;
+    const int ng = (int)W.n_groups();
+    const uint32_t* sbsrc = W.sb + wrow * ng;
+    const bool row16 = (reinterpret_cast<uintptr_t>(sbsrc) & 15) == 0;  // (the source of a zero fill too)
+    const uint32_t wbytes = wok ? 16 : 0;
     const uint32_t wdst = L::X_BYTES + wr * (BK / 2) + 16 * (half ^ ((wr >> 2) & 1));
-    const uint32_t sbdst = L::X_BYTES + L::W_BYTES + 4 * tid;
+    const int chs = gshift == 5 ? 2 : 3;  // log2 of the k-tiles a (scale, bias) chunk holds (8 words a row at most)
+    const uint32_t sb0 = sbase + (uint32_t)STAGES * L::STAGE + 4 * (L::SB_WORDS * wr + 4 * half);  // this thread's
+    // first word of k-tile kt's chunk (words of the whole row: kt0 + kt counts from the row's start)
+    auto chunk_word = [&](int kt) { return (int)(((int64_t)(kt0 + (kt >> chs << chs)) * BK) >> gshift); };
 
     auto issue = [&](int kt) {  // the slice's k-tile kt (k-tile kt0 + kt of W) into ring stage kt % STAGES
         const uint32_t st = sbase + (uint32_t)(kt % STAGES) * L::STAGE;
@@ -358,13 +373,24 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS) gemm_wgmma_ker
         for (int i = 0; i < X_CHUNKS; i++)
             if ((NT * (BK / 8)) % k_threads == 0 || xdst[i] != 0xFFFFFFFFu) cp_async16_zfill(st + xdst[i], xsrc[i] + kw * (BK * 2), xbytes[i]);
         cp_async16_zfill(st + wdst, wsrc + kw * (BK / 2), wbytes);
-        cp_async4_zfill(st + sbdst, sbsrc + ((kw * BK + half * 32) >> gshift), sbbytes);
+        if ((kt & ((1 << chs) - 1)) == 0) {  // a chunk's first k-tile: its words, 4 a thread (fewer at the row's end)
+            const int b = chunk_word(kt), w0 = b + 4 * half, words = wok ? max(0, min(4, ng - w0)) : 0;
+            const uint32_t dst = sb0 + (uint32_t)((kt >> chs) % L::SB_SLOTS) * L::SB_SLOT;
+            if (row16 && (b & 3) == 0)  // a 16-byte aligned row and chunk start
+                cp_async16_zfill(dst, sbsrc + (words > 0 ? w0 : 0), 4u * (uint32_t)words);
+            else
+#pragma unroll
+                for (int i = 0; i < 4; i++) cp_async4_zfill(dst + 4 * i, sbsrc + (i < words ? w0 + i : 0), i < words ? 4u : 0u);
+        }
     };
     const int r0 = 16 * warp + lane / 4;
     const uint32_t sel = (uint32_t)(lane % 4) * 0x101u;  // byte lane%4 into bytes 0 and 2
     auto fragments = [&](uint32_t(&a)[4][4], int kt) {
         const unsigned char* st = smem + (kt % STAGES) * L::STAGE;
-        a_fragments(a, st + L::X_BYTES, reinterpret_cast<const uint32_t*>(st + L::X_BYTES + L::W_BYTES), r0, sel, gshift == 5);
+        const uint32_t* slot = reinterpret_cast<const uint32_t*>(smem + STAGES * L::STAGE +
+                                                                 ((kt >> chs) % L::SB_SLOTS) * L::SB_SLOT);
+        const int word = (int)(((int64_t)(kt0 + kt) * BK) >> gshift) - chunk_word(kt);  // the k-tile's first word
+        a_fragments(a, st + L::X_BYTES, slot + word, r0, sel, gshift == 5);
     };
 
 #pragma unroll
