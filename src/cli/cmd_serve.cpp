@@ -66,8 +66,9 @@ void add_batch_options(arg_parser& p, const std::string& max_batch_default, cons
         .option("--state-memory", "MIB", "KV cache + recurrent state of running sequences, at most (default:\n"
                                          "                            " + state_default + "; on cuda, --kv-cache fp8 fits\n"
                                          "                            about twice the tokens of long contexts in it)")
-        .option("--prefill-budget", "N", "prompt tokens a step carries beside the running sequences' decode rows (default\n"
-                                           "                            2048): bounds their wait between two tokens")
+        .option("--prefill-budget", "N", "rows a step carries while streams decode: their decode rows and prompt\n"
+                                           "                            tokens up to N in all (at least N/4 prompt tokens; default 2048):\n"
+                                           "                            bounds their wait between two tokens")
         .option("--prefill-pace", "R", "while streams decode, size each step's prompt tokens (at most --prefill-budget)\n"
                                        "                            from measured step times so that the step lasts about R\n"
                                        "                            decode-only steps: their gap between two tokens stays near R x\n"

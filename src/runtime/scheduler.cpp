@@ -275,15 +275,17 @@ void scheduler::emit(sequence& s, token_event ev) {
     }
 }
 
-// The prompt pieces the next step carries, in admission order: at most prefill_budget tokens (at least one piece)
-// while sequences are decoding, so that none of them waits longer than one bounded piece between two tokens
+// The prompt pieces the next step carries, in admission order: while sequences are decoding, as many tokens as
+// fill the step to prefill_budget rows with theirs (at least a quarter of the budget: prompts progress beside
+// any number of streams), so that none of them waits longer than one bounded piece between two tokens
 // (with prefill_pace, as many as keep the step near that many decode steps where a piece's fixed cost allows,
 // and none in a step that measures the decode rows alone: step_pacer.h); the engine's whole prefill chunk when
 // nothing else runs.
 std::vector<scheduler::chunk_plan> scheduler::next_chunks(int64_t decode_rows) {
     std::vector<chunk_plan> out;
     const int64_t chunk = eng_.fwd().prefill_chunk;
-    int64_t budget = decode_rows > 0 ? pacer_.budget(std::min(opt_.prefill_budget, chunk), decode_rows) : chunk;
+    const int64_t beside = prompt_tokens_beside(opt_.prefill_budget, decode_rows);
+    int64_t budget = decode_rows > 0 ? pacer_.budget(std::min(beside, chunk), decode_rows) : chunk;
     for (auto& sp : active_) {
         sequence& s = *sp;
         if (s.done || !s.st || s.started) continue;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "runtime/scheduler.h"
 #include "runtime/step_pacer.h"
 #include "scheduler_test_util.h"
 
@@ -33,6 +34,19 @@ int64_t settle(step_pacer& p, const step_model& m, int64_t rows, int steps, int6
             p.mixed_step(m(n), rows, n);
     }
     return n;
+}
+
+// Without the pacer a step beside decoding streams is filled to the budget's rows: decode rows count against it,
+// down to a quarter of it left for prompts, never less than one token.
+TEST(step_pacer, prompt_tokens_fill_the_step_to_the_budget) {
+    EXPECT_EQ(prompt_tokens_beside(2048, 1), 2047);
+    EXPECT_EQ(prompt_tokens_beside(2048, 64), 1984);
+    EXPECT_EQ(prompt_tokens_beside(2048, 256), 1792);
+    EXPECT_EQ(prompt_tokens_beside(2048, 1536), 512);
+    EXPECT_EQ(prompt_tokens_beside(2048, 5000), 512);  // more streams than the budget: a quarter still
+    EXPECT_EQ(prompt_tokens_beside(8, 1), 7);
+    EXPECT_EQ(prompt_tokens_beside(3, 3), 1);
+    EXPECT_EQ(prompt_tokens_beside(1, 40), 1);
 }
 
 TEST(step_pacer, off_or_unmeasured_gives_the_budget_or_a_probe) {
