@@ -35,6 +35,8 @@ using int8_inputs_scope = setting_scope<bool, cuda::force_int8_inputs>;
 using deltanet_recur_scope = setting_scope<int, cuda::force_deltanet_recur>;
 // the fast GEMM on wgmma (on) or mma.sync (off)
 using gemm_wgmma_scope = setting_scope<bool, cuda::force_gemm_wgmma>;
+// the wgmma GEMM's dense calls copying X by TMA (on) or by every thread (off)
+using gemm_tma_scope = setting_scope<bool, cuda::force_gemm_tma>;
 
 // The fast GEMM's kernels a test runs: mma.sync always, wgmma too where this build and device have it.
 inline std::vector<bool> gemm_wgmma_modes() {
@@ -46,5 +48,25 @@ inline std::vector<bool> gemm_wgmma_modes() {
     return m;
 }
 inline const char* gemm_kernel_name(bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; }
+
+// The forms of the fast GEMM a test of dense calls runs: mma.sync, and where wgmma runs, wgmma with the X tiles
+// copied by TMA (calls of 512+ rows: 256-token tiles) and by every thread.
+struct gemm_form {
+    bool wgmma = false, tma = false;
+};
+inline std::vector<gemm_form> gemm_dense_forms() {
+    std::vector<gemm_form> f;
+    for (bool wg : gemm_wgmma_modes()) {
+        f.push_back({wg, false});
+        if (wg) f.push_back({wg, true});
+    }
+    return f;
+}
+struct gemm_form_scope {
+    explicit gemm_form_scope(gemm_form f) : wgmma(f.wgmma), tma(f.tma) {}
+    gemm_wgmma_scope wgmma;
+    gemm_tma_scope tma;
+};
+inline const char* gemm_form_name(gemm_form f) { return !f.wgmma ? "mma.sync" : f.tma ? "wgmma, X by TMA" : "wgmma, X by copies"; }
 
 }  // namespace tansy::test

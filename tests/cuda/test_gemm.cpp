@@ -124,9 +124,9 @@ TEST_P(cuda_gemm, dense_store_matches_cpu_twin) {
         if (g.accumulate)
             for (size_t i = 0; i < want[round].size(); i++) want[round][i] += y0[i];
     }
-    for (bool wg : test::gemm_wgmma_modes()) {
-        test::gemm_wgmma_scope kernel(wg);
-        SCOPED_TRACE(test::gemm_kernel_name(wg));
+    for (test::gemm_form form : test::gemm_dense_forms()) {
+        test::gemm_form_scope kernel(form);
+        SCOPED_TRACE(test::gemm_form_name(form));
         for (bool precise : {false, true})
             // K unsplit, in 3 slices (uneven past 3 k-tiles; the kernels that split: precise and wgmma) and as the
             // device's plan chooses
@@ -232,9 +232,9 @@ TEST(cuda_gemm_scale, large_activations) {
     auto x = test::random_normal((size_t)(M * K), 78, 3e4f);  // ~3% of the values beyond 65504
     auto dx = to_device(x);
     cuda::device_buffer dy((size_t)(M * N) * 4);
-    for (bool wg : test::gemm_wgmma_modes()) {
-        test::gemm_wgmma_scope kernel(wg);
-        SCOPED_TRACE(test::gemm_kernel_name(wg));
+    for (test::gemm_form form : test::gemm_dense_forms()) {
+        test::gemm_form_scope kernel(form);
+        SCOPED_TRACE(test::gemm_form_name(form));
         for (float scale : {1.0f / 16.0f, 1.0f}) {
             const cuda::device_buffer dx16 = fp16_of(dx, M, K, scale);
             cuda::gemm_params p;
@@ -257,9 +257,9 @@ TEST(cuda_gemm_scale, large_activations) {
 TEST(cuda_gemm_groups, q4_group_sizes_match_cpu_twin) {
     TANSY_REQUIRE_GPU();
     const int64_t N = 200;
-    for (bool wg : test::gemm_wgmma_modes()) {
-        test::gemm_wgmma_scope kernel(wg);
-        SCOPED_TRACE(test::gemm_kernel_name(wg));
+    for (test::gemm_form form : test::gemm_dense_forms()) {
+        test::gemm_form_scope kernel(form);
+        SCOPED_TRACE(test::gemm_form_name(form));
         for (int group : {32, 128})
             for (int64_t K : {512, 1664})
                 for (int M : {17, 600})
@@ -289,9 +289,9 @@ TEST(cuda_gemm_groups, q4_group_sizes_match_cpu_twin) {
 // Dense SwiGLU epilogue (the shared expert): out = silu(x Wg^T) * (x Wu^T).
 TEST(cuda_gemm_swiglu, dense_matches_cpu_twin) {
     TANSY_REQUIRE_GPU();
-    for (bool wg : test::gemm_wgmma_modes()) {
-        test::gemm_wgmma_scope kernel(wg);
-        SCOPED_TRACE(test::gemm_kernel_name(wg));
+    for (test::gemm_form form : test::gemm_dense_forms()) {
+        test::gemm_form_scope kernel(form);
+        SCOPED_TRACE(test::gemm_form_name(form));
         for (auto [N, K, M] : {std::tuple<int64_t, int64_t, int>{512, 2048, 97}, {64, 256, 40}, {100, 128, 3}, {96, 512, 700}}) {
             test_matrix Wg(dfmt::q4, N, K, 11 + (uint32_t)N), Wu(dfmt::q4, N, K, 12 + (uint32_t)N);
             auto x = test::random_normal((size_t)(M * K), 13, 1.0f);

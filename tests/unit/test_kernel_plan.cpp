@@ -25,6 +25,10 @@ TEST(kernel_plan, parses_kernel_options) {
     EXPECT_EQ(cuda::parse_kernel_options("int8=on;wgmma=off", &n), "");  // ';' as scripts/device.sh ab-multi needs
     EXPECT_EQ(n.int8_inputs, 1);
     EXPECT_EQ(n.gemm_wgmma, 0);
+    EXPECT_EQ(n.gemm_tma, -1);
+    EXPECT_EQ(cuda::parse_kernel_options("tma=off", &n), "");
+    EXPECT_EQ(n.gemm_tma, 0);
+    EXPECT_NE(cuda::parse_kernel_options("tma=maybe", &n), "");
     EXPECT_EQ(n.moe_groups, -1);
     EXPECT_EQ(cuda::parse_kernel_options("moe_groups=64", &n), "");
     EXPECT_EQ(n.moe_groups, 64);

@@ -63,6 +63,7 @@ void apply(const kernel_options& o, kernel_plan& p) {
     if (o.mma_families >= 0) p.mma_families = (unsigned)o.mma_families & mma_all;
     if (o.int8_inputs >= 0) p.int8_inputs = o.int8_inputs != 0;
     if (o.gemm_wgmma >= 0) p.gemm_wgmma = o.gemm_wgmma != 0;
+    if (o.gemm_tma >= 0) p.gemm_tma = o.gemm_tma != 0;
     if (o.moe_groups >= 0) p.moe_groups = o.moe_groups;
     if (o.dense_groups >= 0) p.dense_groups = o.dense_groups;
     if (o.moe_small >= 0) p.moe_small = o.moe_small;
@@ -74,7 +75,7 @@ void apply(const kernel_options& o, kernel_plan& p) {
 }
 
 bool any(const kernel_options& o) {
-    return o.mma_families >= 0 || o.int8_inputs >= 0 || o.gemm_wgmma >= 0 || o.moe_groups >= 0 ||
+    return o.mma_families >= 0 || o.int8_inputs >= 0 || o.gemm_wgmma >= 0 || o.gemm_tma >= 0 || o.moe_groups >= 0 ||
            o.dense_groups >= 0 || o.moe_small >= 0 || o.dense_rows > 0 || o.moe_small_gate_up_items > 0 ||
            o.moe_small_down_items > 0 || o.recur >= 0 || o.gemm_split >= 0;
 }
@@ -112,7 +113,7 @@ const kernel_plan& active() { return *active_ptr(); }
 // The forms tests force over whichever plan is active (kernel_plan.h).
 struct overrides {
     std::optional<unsigned> mma_families;
-    std::optional<bool> int8_inputs, gemm_wgmma;
+    std::optional<bool> int8_inputs, gemm_wgmma, gemm_tma;
     std::optional<int> recur;
 };
 overrides& forced() {
@@ -129,7 +130,7 @@ std::optional<T> exchange(std::optional<T>& slot, std::optional<T> v) {
 
 }  // namespace
 
-const char* const k_keys = "mma, int8, wgmma, moe_groups, dense_groups, moe_small, dense_rows, moe_small_gu, moe_small_dn, recur, gemm_split";
+const char* const k_keys = "mma, int8, wgmma, tma, moe_groups, dense_groups, moe_small, dense_rows, moe_small_gu, moe_small_dn, recur, gemm_split";
 
 std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
     for (size_t i = 0; i <= spec.size();) {
@@ -147,10 +148,10 @@ std::string parse_kernel_options(const std::string& spec, kernel_options* opt) {
             if (!parse_families(val, &f, &bad))
                 return "mma: unknown kernel family '" + bad + "' (gemv1, gemvn, gate_up, down, all, none)";
             opt->mma_families = (int)f;
-        } else if (key == "int8" || key == "wgmma") {
+        } else if (key == "int8" || key == "wgmma" || key == "tma") {
             const int b = parse_on_off(val);
             if (b < 0) return key + " must be on or off, got '" + val + "'";
-            (key == "int8" ? opt->int8_inputs : opt->gemm_wgmma) = b;
+            (key == "int8" ? opt->int8_inputs : key == "wgmma" ? opt->gemm_wgmma : opt->gemm_tma) = b;
         } else if (key == "moe_groups" || key == "dense_groups" || key == "moe_small" || key == "gemm_split") {
             const bool split = key == "gemm_split";
             const long hi = split ? 64 : 4096;
@@ -205,9 +206,9 @@ std::string kernel_plan::describe(const char* indent) const {
     if (!dev.name.empty())
         line("device     %s: compute capability %d.%d, %d SMs, %zu KB shared memory per block", dev.name.c_str(),
              dev.cc / 10, dev.cc % 10, dev.sms, dev.smem_optin / 1024);
-    line("switches   mma=%s int8=%s wgmma=%s moe_groups=%d dense_groups=%d moe_small=%d dense_rows=%d moe_small_gu=%d "
+    line("switches   mma=%s int8=%s wgmma=%s tma=%s moe_groups=%d dense_groups=%d moe_small=%d dense_rows=%d moe_small_gu=%d "
          "moe_small_dn=%d recur=%d gemm_split=%d (%s)%s",
-         families_name(mma_families).c_str(), int8_inputs ? "on" : "off", gemm_wgmma ? "on" : "off", moe_groups,
+         families_name(mma_families).c_str(), int8_inputs ? "on" : "off", gemm_wgmma ? "on" : "off", gemm_tma ? "on" : "off", moe_groups,
          dense_groups, moe_small, dense_rows, moe_small_gate_up_items, moe_small_down_items, recur, gemm_split, source.c_str(),
          gemm_wgmma && !wgmma() ? "; wgmma: not in this build or not on this device" : "");
     line("mode       %s", precise ? "precise (--gemm precise): split-bf16 GEMM operands, fp32 decode inputs"
@@ -290,6 +291,7 @@ unsigned decode_mma_families() { return forced().mma_families.value_or(active().
 bool decode_int8_inputs() { return forced().int8_inputs.value_or(active().int8_inputs); }
 bool deltanet_recur_smem(int64_t spans) { return recur_smem_form(forced().recur.value_or(active().recur), spans); }
 bool gemm_wgmma_requested() { return forced().gemm_wgmma.value_or(active().gemm_wgmma); }
+bool gemm_tma_requested() { return forced().gemm_tma.value_or(active().gemm_tma); }
 
 std::optional<unsigned> force_mma_families(std::optional<unsigned> families) {
     if (families) *families &= mma_all;
@@ -298,5 +300,6 @@ std::optional<unsigned> force_mma_families(std::optional<unsigned> families) {
 std::optional<bool> force_int8_inputs(std::optional<bool> on) { return exchange(forced().int8_inputs, on); }
 std::optional<int> force_deltanet_recur(std::optional<int> form) { return exchange(forced().recur, form); }
 std::optional<bool> force_gemm_wgmma(std::optional<bool> on) { return exchange(forced().gemm_wgmma, on); }
+std::optional<bool> force_gemm_tma(std::optional<bool> on) { return exchange(forced().gemm_tma, on); }
 
 }  // namespace tansy::cuda

@@ -103,6 +103,7 @@ struct kernel_plan {
     unsigned mma_families = k_mma_default_families;  // mma_family bits
     bool int8_inputs = true;  // fast mode's one-row 4-bit decode kernels take x as two-level int8 (xq.cuh, dp4a)
     bool gemm_wgmma = true;   // fast-mode 4-bit GEMMs on wgmma (sm90/gemm_wgmma.cu) where built and on cc 9.0
+    bool gemm_tma = true;     // its prompt-sized dense calls' X tiles by TMA (one copy a k-tile, not 8 a thread)
     // MoE blocks of k_gemm_min_rows .. moe_groups rows (a decode batch of 17+ sequences) run the decode kernels in
     // even groups of at most k_mma_max_tokens rows instead of the grouped GEMMs (0: never): each group reads the
     // experts its rows touch, where the GEMMs' 64-row tiles hold 2-8 rows per expert (measured faster up to 96
@@ -166,18 +167,21 @@ unsigned decode_mma_families();
 bool decode_int8_inputs();
 bool deltanet_recur_smem(int64_t spans);
 bool gemm_wgmma_requested();
+bool gemm_tma_requested();
 // Forcing (tests run every form whatever the plan: tests/cuda/cuda_test_util.h setting_scope): each takes the
 // forced value (nullopt: the plan's own again) and returns the previous one.
 std::optional<unsigned> force_mma_families(std::optional<unsigned> families);
 std::optional<bool> force_int8_inputs(std::optional<bool> on);
 std::optional<int> force_deltanet_recur(std::optional<int> form);  // kernel_plan::recur's values
 std::optional<bool> force_gemm_wgmma(std::optional<bool> on);
+std::optional<bool> force_gemm_tma(std::optional<bool> on);
 
 // --kernels / TANSY_KERNELS: KEY=VALUE items separated by ',' (or ';', which survives scripts/device.sh ab-multi's
 // comma-separated environments), applied onto *opt:
 //   mma=FAMILIES   decode families on tensor cores: '+'-joined gemv1, gemvn, gate_up, down, or all / none
 //   int8=on|off    int8 inputs of the one-row 4-bit decode kernels (off: fp16 inputs)
 //   wgmma=on|off   Hopper wgmma for the prompt GEMMs (off: mma.sync)
+//   tma=on|off     the wgmma GEMM's prompt-sized dense calls copy X by TMA (off: 16-byte copies by every thread)
 //   moe_groups=N   MoE blocks of 17..N rows on the decode kernels in groups of <= 16 rows (0: grouped GEMMs)
 //   dense_groups=N dense products of 17..N rows on the GEMV kernels in groups of <= 16 rows (0: GEMMs)
 //   moe_small=N    MoE blocks of 17..N rows (fast mode) on the small-M grouped MoE kernels (0: off)
