@@ -69,7 +69,7 @@ void add_batch_options(arg_parser& p, const std::string& max_batch_default, cons
         .option("--prefill-budget", "N", "rows a step carries while streams decode: their decode rows and prompt\n"
                                            "                            tokens up to N in all (at least N/4 prompt tokens; default 2048):\n"
                                            "                            bounds their wait between two tokens")
-        .option("--prefill-pace", "R", "while streams decode, size each step's prompt tokens (at most --prefill-budget)\n"
+        .option("--prefill-pace", "R", "while streams decode, size each step's prompt tokens (within --prefill-budget)\n"
                                        "                            from measured step times so that the step lasts about R\n"
                                        "                            decode-only steps: their gap between two tokens stays near R x\n"
                                        "                            the steady one, prompts take longer; pieces stay at least as\n"

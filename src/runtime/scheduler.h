@@ -7,9 +7,10 @@
 //      the longest cached prefix of its prompt (runtime/prefix_cache.h) into its new state: its prefill starts
 //      after it, in pieces that end where the cache wants a checkpoint;
 //   3. runs one step (decode_step::launch): one token for every running sequence, plus the next pieces of the
-//      prompts being prefilled in the same forward pass (a mixed step) - at most prefill_budget rows in all
-//      while others decode, so none waits longer than one bounded piece between two tokens; a prompt alone goes
-//      in the engine's prefill chunks (engine::generate's, so a lone greedy request gives exactly its tokens);
+//      prompts being prefilled in the same forward pass (a mixed step) - prompt tokens up to prefill_budget rows
+//      in all (at least a quarter of it) while others decode, so none waits longer than one bounded piece between
+//      two tokens; a prompt alone goes in the engine's prefill chunks (engine::generate's, so a lone greedy
+//      request gives exactly its tokens);
 //   4. reports each pick to its sequence's sink and ends sequences at a stop id or max_tokens. Picks are made
 //      on the device (argmax, or a seeded draw), after the row's penalties, logit_bias and grammar mask (the
 //      host computes the mask from the grammar's state before each step of such a row); log-probs come from a
@@ -119,8 +120,8 @@ struct scheduler_options {
     // all (prompt_tokens_beside; a prompt alone goes in the engine's prefill chunks). Bounds how long a running
     // stream waits between two tokens.
     int64_t prefill_budget = 2048;
-    // > 1: while sequences decode, a step's prompt tokens (at most prefill_budget) are sized from measured step
-    // times so that the step lasts about this many decode-only steps (runtime/step_pacer.h); 0: prefill_budget
+    // > 1: while sequences decode, a step's prompt tokens (at most prompt_tokens_beside) are sized from measured step
+    // times so that the step lasts about this many decode-only steps (runtime/step_pacer.h); 0: all of those
     double prefill_pace = 0;
     // > 0: every state gets this capacity (the CUDA backend batches only sequences of equal capacity; the CPU
     // backend grows its KV cache on demand, so there it costs nothing); 0: each gets prompt + max_tokens.

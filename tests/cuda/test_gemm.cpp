@@ -145,8 +145,11 @@ TEST_P(cuda_gemm, dense_store_matches_cpu_twin) {
                 cuda::device_buffer ws(std::max<size_t>(ws_floats, 1) * sizeof(float));
                 p.split_ws = ws_floats ? (float*)ws.get() : nullptr;
                 SCOPED_TRACE("K slices " + std::to_string(cuda::gemm_split_slices(p)));
+                const uint64_t tma_calls = cuda::gemm_tma_calls();
                 cuda::gemm(p, 0);
                 ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                if (form.tma && !precise && f == dfmt::q4 && g.M >= cuda::k_gemm_wide_min_rows)  // 256-token tiles
+                    EXPECT_EQ(cuda::gemm_tma_calls(), tma_calls + 1) << "the form with X by TMA did not take it";
                 auto ga = from_device<float>(da, y0a.size()), gb = from_device<float>(db, y0b.size());
                 std::vector<float> got;
                 for (int64_t t = 0; t < g.M; t++) {

@@ -368,6 +368,10 @@ bool gemm_wgmma_available() {
 
 bool gemm_wgmma_enabled() { return gemm_wgmma_requested() && gemm_wgmma_available(); }
 
+#if !TANSY_HAVE_WGMMA
+uint64_t gemm_tma_calls() { return 0; }
+#endif
+
 namespace {
 // Whether gemm() takes the wgmma GEMM for this matrix (4-bit, fast mode, a group it supports, the plan's switch on).
 bool runs_on_wgmma(const dmat& W, bool precise) {

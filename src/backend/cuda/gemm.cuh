@@ -86,6 +86,9 @@ bool gemm_wide_tiles_fit(dfmt f);
 // (--kernels wgmma=off) keeps mma.sync, for A/B; tests run both (force_gemm_wgmma, kernel_plan.h).
 bool gemm_wgmma_available();
 bool gemm_wgmma_enabled();
+// Calls of the wgmma GEMM launched so far with their X tiles copied by TMA (kernel plan tma=on; tests check that
+// this form ran). 0 where the build has no wgmma GEMM.
+uint64_t gemm_tma_calls();
 
 // Rows per tile for moe_plan when T tokens pick k of E experts whose matrices look like W: on the wgmma GEMM 80
 // (k_gemm_wgmma_moe_tokens) once experts average k_gemm_wgmma_moe_wide_rows rows; on mma.sync 128 once they

@@ -16,6 +16,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -523,10 +524,14 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS)
 bool x_tensor_map(CUtensorMap& map, const gemm_params& p, int nt) {
     static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
         void* fn = nullptr;
+#if CUDART_VERSION >= 12050  // (older toolkits: no versioned entry points, and X by copies)
         cudaDriverEntryPointQueryResult found{};
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
+            found != cudaDriverEntryPointSuccess) {
             fn = nullptr;
+            (void)cudaGetLastError();  // not the next launch's error
+        }
+#endif
         return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
     }();
     if (!encode || p.M < 1) return false;
@@ -551,13 +556,17 @@ void launch_kernel(const gemm_params& p, const CUtensorMap& xmap, cudaStream_t s
     CUDA_CHECK_LAUNCH();
 }
 
+std::atomic<uint64_t> g_tma_calls{0};  // gemm_tma_calls (gemm.cuh)
+
 template <gemm_epilogue EPI, int NT>
 void launch(const gemm_params& p, cudaStream_t stream) {
     CUtensorMap xmap;
     std::memset(&xmap, 0, sizeof xmap);
     if constexpr (NT == k_gemm_wgmma_dense_tokens) {  // prompt-sized dense calls (kernel_plan.h)
-        if (!p.tiles && !p.gather && gemm_tma_requested() && x_tensor_map(xmap, p, NT))
+        if (!p.tiles && !p.gather && gemm_tma_requested() && x_tensor_map(xmap, p, NT)) {
+            g_tma_calls.fetch_add(1, std::memory_order_relaxed);
             return launch_kernel<EPI, NT, true>(p, xmap, stream);
+        }
     }
     launch_kernel<EPI, NT, false>(p, xmap, stream);
 }
@@ -577,6 +586,8 @@ void launch(const gemm_params& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+uint64_t gemm_tma_calls() { return g_tma_calls.load(std::memory_order_relaxed); }
 
 bool gemm_wgmma_device() {
     static const bool ok = [] {
