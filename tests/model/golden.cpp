@@ -35,26 +35,36 @@ std::vector<int64_t> golden::shape(const std::string& key) const {
     return t ? t->shape : std::vector<int64_t>{};
 }
 
+namespace {
+std::unique_ptr<engine> make_engine(const std::string& model_dir, const std::string& backend, bool precise_gemm,
+                                    bool kv_fp8, bool state_bf16, int threads) {
+    engine_options o;
+    o.model_dir = model_dir;
+    o.backend = backend;
+    o.threads = threads;
+    o.backend_opt.precise_gemm = precise_gemm;
+    o.backend_opt.kv_fp8 = kv_fp8;
+    o.backend_opt.state_bf16 = state_bf16;
+    o.weights = "checkpoint";  // every backend runs the checkpoint's own weights: the comparisons are of backends
+    return std::make_unique<engine>(o);
+}
+}  // namespace
+
 engine& shared_engine(const std::string& model_dir, const std::string& backend, bool precise_gemm, bool kv_fp8,
                       bool state_bf16) {
     static std::mutex mu;
     static std::map<std::tuple<std::string, std::string, bool, bool, bool>, std::unique_ptr<engine>> engines;
     std::lock_guard<std::mutex> lk(mu);
     auto& e = engines[{model_dir, backend, precise_gemm, kv_fp8, state_bf16}];
-    if (!e) {
-        engine_options o;
-        o.model_dir = model_dir;
-        o.backend = backend;
-        o.backend_opt.precise_gemm = precise_gemm;
-        o.backend_opt.kv_fp8 = kv_fp8;
-        o.backend_opt.state_bf16 = state_bf16;
-        o.weights = "checkpoint";  // every backend runs the checkpoint's own weights: the comparisons are of backends
-        e = std::make_unique<engine>(o);
-    }
+    if (!e) e = make_engine(model_dir, backend, precise_gemm, kv_fp8, state_bf16, 0);
     return *e;
 }
 
 engine& cpu_engine(const std::string& model_dir) { return shared_engine(model_dir, "cpu"); }
+
+std::unique_ptr<engine> own_cpu_engine(const std::string& model_dir, int threads, bool state_bf16) {
+    return make_engine(model_dir, "cpu", false, false, state_bf16, threads);
+}
 
 void expect_near_run(const char* what, const std::vector<float>& a, const std::vector<float>& b, int64_t P, int64_t V,
                      const int32_t* targets, const nearness_bounds& bounds) {

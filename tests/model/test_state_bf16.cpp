@@ -28,18 +28,8 @@ TEST(state_bf16, tiny_model_decode_steps) {
     const std::vector<int32_t> ids = ref.ints("teacher.ids");
     ASSERT_GT((int64_t)ids.size(), POSITIONS);
     const std::vector<int32_t> in(ids.begin(), ids.begin() + POSITIONS);
-    // one thread each: hundreds of one-token steps are many small parallel regions, which OpenMP teams beside
-    // other tests' (ctest -j) spend their time waiting in
-    auto make = [&](bool state_bf16) {
-        engine_options o;
-        o.model_dir = dir;
-        o.backend = "cpu";
-        o.threads = 1;
-        o.weights = "checkpoint";
-        o.backend_opt.state_bf16 = state_bf16;
-        return std::make_unique<engine>(o);
-    };
-    auto p32 = make(false), p16 = make(true);
+    // one thread each: hundreds of one-token steps (golden.h own_cpu_engine)
+    auto p32 = test::own_cpu_engine(dir, 1), p16 = test::own_cpu_engine(dir, 1, /*state_bf16=*/true);
     engine &e32 = *p32, &e16 = *p16;
     const int64_t V = e32.cfg().vocab;
     const std::vector<float> a = test::prefill_then_decode(e32, in, 0), b = test::prefill_then_decode(e16, in, 0);
