@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
         cuda::gemm_params& d = ops[1].p;
         d = g;
         d.W = Wd, d.W2 = {}, d.N = D, d.x16 = (const uint16_t*)h16.get(), d.ldx16 = F, d.gather = nullptr, d.out16 = nullptr;
-        d.epi = cuda::gemm_epilogue::rows, d.out = (float*)y.get(), d.ldo = D;
+        d.epi = cuda::gemm_epilogue::rows, d.out = (float*)y.get(), d.ldo = D, d.M = T * k;
         ops[1].name = "down";
         ops[1].flops = 2.0 * T * k * D * F;
         ops[1].bytes = experts * D * F * q4_bytes_per_weight + 2.0 * T * k * F + 4.0 * T * k * D;

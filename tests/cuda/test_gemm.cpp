@@ -148,8 +148,9 @@ TEST_P(cuda_gemm, dense_store_matches_cpu_twin) {
                 const uint64_t tma_calls = cuda::gemm_tma_calls();
                 cuda::gemm(p, 0);
                 ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-                if (form.tma && !precise && f == dfmt::q4 && g.M >= cuda::k_gemm_wide_min_rows)  // 256-token tiles
+                if (form.tma && !precise && f == dfmt::q4 && g.M >= cuda::k_gemm_wide_min_rows) {  // 256-token tiles
                     EXPECT_EQ(cuda::gemm_tma_calls(), tma_calls + 1) << "the form with X by TMA did not take it";
+                }
                 auto ga = from_device<float>(da, y0a.size()), gb = from_device<float>(db, y0b.size());
                 std::vector<float> got;
                 for (int64_t t = 0; t < g.M; t++) {
@@ -333,9 +334,10 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
     const int64_t D = 256, F = 128;
     // T = 600: expert 3 gets ~500 rows, so the 128-row tiles have full and partial ones; T = 2100: 8,400 slots,
     // more than the plan kernel's one pass over 8 x 1,024; k = 10: the combine's rows in two rounds (8 in flight)
-    for (bool wg : test::gemm_wgmma_modes()) {
-        test::gemm_wgmma_scope kernel(wg);
-        SCOPED_TRACE(test::gemm_kernel_name(wg));
+    for (test::gemm_form form : test::gemm_dense_forms()) {  // (routed down calls take X by TMA too)
+        test::gemm_form_scope kernel(form);
+        SCOPED_TRACE(test::gemm_form_name(form));
+        const bool wg = form.wgmma;
         std::vector<std::tuple<int, int, int>> cases = {{1, 64, 4}, {37, 64, 4}, {37, 64, 10}, {300, 64, 4}, {300, 128, 4}, {600, 128, 4}, {2100, 128, 4}};
         if (wg)  // the wgmma GEMM's 80-row tiles: both of its widths (48 and 80 tokens), full and partial tiles
             cases.insert(cases.end(), {{37, 80, 4}, {300, 80, 4}, {600, 80, 4}});
@@ -367,8 +369,12 @@ TEST(cuda_gemm_grouped, moe_experts_match_cpu_twin) {
             cuda::gemm_params d = g;
             const cuda::device_buffer h16 = fp16_of(h, (int64_t)T * k, F);
             d.W = Wd.d, d.W2 = {}, d.N = D, d.x16 = (const uint16_t*)h16.get(), d.ldx16 = F, d.gather = nullptr;
-            d.epi = cuda::gemm_epilogue::rows, d.out = (float*)y.get(), d.ldo = D;
+            d.epi = cuda::gemm_epilogue::rows, d.out = (float*)y.get(), d.ldo = D, d.M = T * k;  // h16's rows (TMA)
+            const uint64_t tma_calls = cuda::gemm_tma_calls();
             cuda::gemm(d, 0);
+            if (form.tma && (bm == 64 || bm == 80)) {  // the wgmma GEMM's tiles
+                EXPECT_EQ(cuda::gemm_tma_calls(), tma_calls + 1) << "the routed down call with X by TMA did not take it";
+            }
             cuda::moe_combine((float*)dres.get(), D, (const float*)y.get(), (const float*)dys.get(), (const int32_t*)pos.get(),
                               (const float*)dwt.get(), (const float*)dsig.get(), T, k, D, 0);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -787,7 +787,7 @@ class cuda_backend final : public backend {
         g.precise = precise_gemm_;
         gemm(g, stream_);
         gemm_params d;  // routed down: sorted rows in, sorted rows out
-        d.W = md.down, d.N = D, d.x = h, d.ldx = F;
+        d.W = md.down, d.N = D, d.x = h, d.ldx = F, d.M = T * k;  // (M: h16's rows, the extent of a TMA map)
         d.tiles = tiles, d.n_tiles = n_tiles, d.max_tiles = max_tiles, d.tile_bm = bm;
         d.epi = gemm_epilogue::rows, d.out = y, d.ldo = D;
         d.a_scale = k_down_a_scale;

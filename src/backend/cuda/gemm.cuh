@@ -40,7 +40,8 @@ struct gemm_params {
     int64_t ldx16 = 0;
     const int32_t* gather = nullptr;  // optional: A row r is x row gather[r] / gather_div
     int gather_div = 1;
-    // dense: M rows, one implicit tile per 64; grouped: tiles[0, *n_tiles) (max_tiles launched, rest exit)
+    // dense: M rows, one implicit tile per 64; grouped: tiles[0, *n_tiles) (max_tiles launched, rest exit), and M
+    // the rows of x16 (gate/up: tokens; down: slots) where known (the extent of the wgmma GEMM's TMA maps; 0: none)
     int M = 0;
     const gemm_tile* tiles = nullptr;
     const int32_t* n_tiles = nullptr;

@@ -354,12 +354,13 @@ __device__ __forceinline__ void tile_out(const gemm_params& p, const float (&acc
     }
 }
 
-// TX (prompt-sized dense calls: X rows contiguous, 256-token tiles): each k-tile's X tile arrives by one TMA copy
-// (xmap: x16 as [M][K] fp16, box NT rows x 64, 128-byte swizzle: the layout sw128 describes), issued by thread 0
-// once the stage is free and awaited on the stage's barrier by every thread before its wgmma reads it, instead of
-// 8 16-byte copies a thread; rows past M arrive as zeros. W and (scale, bias) keep their per-thread copies.
-// H100, 2K tokens: the dense bench call 136 -> 126 us, prompts +1.4-1.7%; a 64-row decode batch's 64-token calls
-// measured 0.25% slower with it and keep the copies.
+// TX (prompt-sized dense calls and routed down calls: a tile's X rows are contiguous): each k-tile's X tile arrives
+// by one TMA copy (xmap: x16 as [M][K] fp16, box NT rows x 64, 128-byte swizzle: the layout sw128 describes), issued
+// by thread 0 once the stage is free and awaited on the stage's barrier by every thread before its wgmma reads it,
+// instead of 8 16-byte copies a thread; rows past M arrive as zeros. W and (scale, bias) keep their per-thread
+// copies. H100, 2K tokens: the dense bench call 136 -> 126 us, prompts +1.4-1.7%; routed down 162 -> 153 us. A
+// 64-row decode batch's dense 64-token calls measured 0.25% slower with it and keep the copies; gate/up's gathered
+// rows, a one-row box each, took 289 -> 509 us (docs/PERF.md).
 template <gemm_epilogue EPI, int NT, bool TX>
 __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS)
     gemm_wgmma_kernel(const gemm_params p, const int gshift, const __grid_constant__ CUtensorMap xmap) {
@@ -562,8 +563,12 @@ template <gemm_epilogue EPI, int NT>
 void launch(const gemm_params& p, cudaStream_t stream) {
     CUtensorMap xmap;
     std::memset(&xmap, 0, sizeof xmap);
-    if constexpr (NT == k_gemm_wgmma_dense_tokens) {  // prompt-sized dense calls (kernel_plan.h)
-        if (!p.tiles && !p.gather && gemm_tma_requested() && x_tensor_map(xmap, p, NT)) {
+    // prompt-sized dense calls (kernel_plan.h), and routed down calls: their X rows (h16, expert-sorted) are a
+    // tile's contiguous rows from its row0 (rows past the tile belong to the next expert: their token columns are
+    // never stored)
+    constexpr bool routed_down = EPI == gemm_epilogue::rows && (NT == 64 || NT == 80);
+    if constexpr (NT == k_gemm_wgmma_dense_tokens || routed_down) {
+        if ((routed_down ? p.tiles != nullptr : !p.tiles) && !p.gather && gemm_tma_requested() && x_tensor_map(xmap, p, NT)) {
             g_tma_calls.fetch_add(1, std::memory_order_relaxed);
             return launch_kernel<EPI, NT, true>(p, xmap, stream);
         }
