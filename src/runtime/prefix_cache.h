@@ -50,6 +50,11 @@
 // A byte budget bounds the store; whole entries are evicted least recently used first, never one that is
 // pinned (looked up and not yet restored from).
 //
+// Not built: a host-RAM tier for evicted entries. It pays once the budget (a quarter of --state-memory: ~25 GB on an
+// H200, ~65 conversations of 16K tokens at 383 MB each, ~240 of 2K) evicts conversations that come back: bringing
+// one back over PCIe (~25 GB/s pinned: ~15 ms for 16K tokens) costs ~4% of recomputing it (~400 ms at 40K tok/s).
+// Its copies must run on a side stream and a restoring request wait on an event, never the step loop.
+//
 // Thread-safe (one mutex): the engine thread restores and inserts, others read stats().
 #pragma once
 #include <cstdint>
