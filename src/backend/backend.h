@@ -265,7 +265,7 @@ struct kernel_options {
     int mma_families = -1;  // decode families on tensor cores (bits of cuda::mma_family)
     int int8_inputs = -1;   // 0/1: int8 inputs of the one-row 4-bit decode kernels
     int gemm_wgmma = -1;    // 0/1: Hopper wgmma for the prompt GEMMs' 128-row tiles
-    int gemm_tma = -1;      // 0/1: the wgmma GEMM's prompt-sized dense calls copy their X tiles by TMA
+    int gemm_tma = -1;      // 0/1: the wgmma GEMM's prompt-sized dense and routed down calls' X tiles by TMA
     int moe_groups = -1;    // >= 0: MoE of 17 .. this many rows on the decode kernels, in groups of <= 16 rows
     int dense_groups = -1;  // >= 0: dense products of 17 .. this many rows on the GEMV kernels, likewise
     int moe_small = -1;     // >= 0: MoE of 17 .. this many rows (fast mode) on the small-M grouped MoE kernels

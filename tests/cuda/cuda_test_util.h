@@ -35,7 +35,7 @@ using int8_inputs_scope = setting_scope<bool, cuda::force_int8_inputs>;
 using deltanet_recur_scope = setting_scope<int, cuda::force_deltanet_recur>;
 // the fast GEMM on wgmma (on) or mma.sync (off)
 using gemm_wgmma_scope = setting_scope<bool, cuda::force_gemm_wgmma>;
-// the wgmma GEMM's dense calls copying X by TMA (on) or by every thread (off)
+// the wgmma GEMM's dense and routed down calls copying X by TMA (on) or by every thread (off)
 using gemm_tma_scope = setting_scope<bool, cuda::force_gemm_tma>;
 
 // The fast GEMM's kernels a test runs: mma.sync always, wgmma too where this build and device have it.
@@ -50,7 +50,7 @@ inline std::vector<bool> gemm_wgmma_modes() {
 inline const char* gemm_kernel_name(bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; }
 
 // The forms of the fast GEMM a test of dense calls runs: mma.sync, and where wgmma runs, wgmma with the X tiles
-// copied by TMA (calls of 512+ rows: 256-token tiles) and by every thread.
+// copied by TMA (dense calls of 512+ rows: 256-token tiles; routed down calls) and by every thread.
 struct gemm_form {
     bool wgmma = false, tma = false;
 };

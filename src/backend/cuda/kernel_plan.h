@@ -103,7 +103,7 @@ struct kernel_plan {
     unsigned mma_families = k_mma_default_families;  // mma_family bits
     bool int8_inputs = true;  // fast mode's one-row 4-bit decode kernels take x as two-level int8 (xq.cuh, dp4a)
     bool gemm_wgmma = true;   // fast-mode 4-bit GEMMs on wgmma (sm90/gemm_wgmma.cu) where built and on cc 9.0
-    bool gemm_tma = true;     // its prompt-sized dense calls' X tiles by TMA (one copy a k-tile, not 8 a thread)
+    bool gemm_tma = true;     // its prompt-sized dense and routed down calls' X tiles by TMA (a copy a k-tile)
     // MoE blocks of k_gemm_min_rows .. moe_groups rows (a decode batch of 17+ sequences) run the decode kernels in
     // even groups of at most k_mma_max_tokens rows instead of the grouped GEMMs (0: never): each group reads the
     // experts its rows touch, where the GEMMs' 64-row tiles hold 2-8 rows per expert (measured faster up to 96
@@ -181,7 +181,8 @@ std::optional<bool> force_gemm_tma(std::optional<bool> on);
 //   mma=FAMILIES   decode families on tensor cores: '+'-joined gemv1, gemvn, gate_up, down, or all / none
 //   int8=on|off    int8 inputs of the one-row 4-bit decode kernels (off: fp16 inputs)
 //   wgmma=on|off   Hopper wgmma for the prompt GEMMs (off: mma.sync)
-//   tma=on|off     the wgmma GEMM's prompt-sized dense calls copy X by TMA (off: 16-byte copies by every thread)
+//   tma=on|off     the wgmma GEMM's prompt-sized dense and routed down calls copy X by TMA (off: 16-byte copies by
+//                  every thread)
 //   moe_groups=N   MoE blocks of 17..N rows on the decode kernels in groups of <= 16 rows (0: grouped GEMMs)
 //   dense_groups=N dense products of 17..N rows on the GEMV kernels in groups of <= 16 rows (0: GEMMs)
 //   moe_small=N    MoE blocks of 17..N rows (fast mode) on the small-M grouped MoE kernels (0: off)
