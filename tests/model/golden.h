@@ -29,7 +29,7 @@ engine& shared_engine(const std::string& model_dir, const std::string& backend, 
                       bool kv_fp8 = false, bool state_bf16 = false);
 engine& cpu_engine(const std::string& model_dir);
 // A test's own CPU engine of that kind with `threads` threads (0: all cores). One thread suits hundreds of
-// one-token steps: their many small parallel regions leave OpenMP teams waiting beside other tests' (ctest -j).
+// one-token steps: their many small parallel regions are mostly OpenMP team wake-ups (tests/CMakeLists.txt).
 std::unique_ptr<engine> own_cpu_engine(const std::string& model_dir, int threads, bool state_bf16 = false);
 
 // How far a storage option (the FP8 KV cache, the bf16 DeltaNet state) may move logits from the run without it.
