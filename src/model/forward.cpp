@@ -44,6 +44,18 @@ void forward_pass::reserve(int64_t T, int64_t n_logit_rows) {
 
 static vec_view vv(const std::vector<float>& v) { return {v.data(), (int64_t)v.size()}; }
 
+void check_one_span_per_state(const std::vector<seq_span>& spans) {
+    std::vector<const seq_state*> states;
+    states.reserve(2 * spans.size());
+    for (const seq_span& s : spans) {
+        states.push_back(s.state);
+        if (s.mark_state) states.push_back(s.mark_state);
+    }
+    std::sort(states.begin(), states.end());
+    TANSY_CHECK(std::adjacent_find(states.begin(), states.end()) == states.end(),
+                "a sequence state in two spans of one step (or as a mark's checkpoint)");
+}
+
 tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, logits_rows which) {
     const model_config& c = m_.cfg;
     const model_weights& W = m_.w;
@@ -61,6 +73,7 @@ tensor forward_pass::run(const tensor& ids, const std::vector<seq_span>& spans, 
         covered += s.n;
     }
     TANSY_CHECK(covered == T, "spans cover %lld of %lld rows", (long long)covered, (long long)T);
+    check_one_span_per_state(spans);
     const int64_t n_logits = which == logits_rows::all ? T : which == logits_rows::last ? (int64_t)spans.size() : 0;
     reserve(T, n_logits);
 

@@ -253,6 +253,7 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         slots[(size_t)r] = w.slot;
         spans[(size_t)r] = seq_span{w.state, r, 1, w.state->n_past()};
     }
+    check_one_span_per_state(spans);  // (a graph replay skips forward_pass::run's checks)
     if (row_slot_rows_ != B || slots != row_slot_host_) {
         be_.upload(row_slot_.t().rows_view(0, B), slots.data());
         row_slot_host_ = slots;

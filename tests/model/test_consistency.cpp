@@ -218,3 +218,26 @@ TEST(synthetic, prefill_decode_and_batching_agree) {
     EXPECT_LT(test::rel_error(std::vector<float>(got.begin(), got.begin() + V), la), 1e-6);
     EXPECT_LT(test::rel_error(std::vector<float>(got.begin() + V, got.end()), lb), 1e-6);
 }
+
+// One state in two spans of a step (or another span's state as a mark's checkpoint) is a scheduler bug that the
+// CUDA kernels would turn into a silent race: forward_pass::run stops on it.
+TEST(synthetic, a_state_in_two_spans_of_a_step_aborts) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");  // (OpenMP threads: the child re-runs the test to here)
+    json cfg = test::synth_config();
+    std::string dir = test::temp_dir("synth-twice");
+    test::write_checkpoint(dir, cfg, test::synth_tensors(cfg, 5));
+    engine_options o;
+    o.model_dir = dir;
+    engine e(o);
+    auto sa = e.new_sequence(64), sb = e.new_sequence(64);
+    buffer idb = e.be().alloc(60, 1, dtype::i32);
+    std::vector<int32_t> ids(60, 7);
+    e.be().upload(idb.t(), ids.data());
+    EXPECT_DEATH(e.fwd().run(idb.t(), {{sa.get(), 0, 20, 0}, {sa.get(), 20, 40, 0}}, logits_rows::last),
+                 "two spans of one step");
+    const seq_span marked{sb.get(), 20, 40, 0, sa.get(), 20};  // its checkpoint is the other span's state
+    EXPECT_DEATH(e.fwd().run(idb.t(), {{sa.get(), 0, 20, 0}, marked}, logits_rows::last), "two spans of one step");
+    // distinct states run
+    tensor lg = e.fwd().run(idb.t(), {{sa.get(), 0, 20, 0}, {sb.get(), 20, 40, 0}}, logits_rows::last);
+    EXPECT_EQ(lg.rows, 2);
+}
