@@ -3,6 +3,7 @@
 // weights gives the same model.
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "golden.h"
 #include "loader/checkpoint.h"
@@ -21,6 +22,16 @@ constexpr double TOL_SPLIT_REL = 1e-5;
 constexpr double TOL_GQA_LOGITS_REL = 2e-5;
 
 std::string model_or_skip(const char* name) { return test::fixture(name); }
+
+// An engine on a fresh random checkpoint of the synthetic config (test::synth_config), written under `name`.
+std::unique_ptr<engine> synth_engine(const char* name) {
+    const json cfg = test::synth_config();
+    const std::string dir = test::temp_dir(name);
+    test::write_checkpoint(dir, cfg, test::synth_tensors(cfg, 5));
+    engine_options o;
+    o.model_dir = dir;
+    return std::make_unique<engine>(o);
+}
 
 }  // namespace
 
@@ -190,12 +201,8 @@ TEST(gqa, release_layout_of_the_same_weights) {
 // Generic shapes no fixture has (odd vocab, 4 experts top-2, head_dim 32): prefill/decode consistency and
 // batching two sequences in one step.
 TEST(synthetic, prefill_decode_and_batching_agree) {
-    json cfg = test::synth_config();
-    std::string dir = test::temp_dir("synth");
-    test::write_checkpoint(dir, cfg, test::synth_tensors(cfg, 5));
-    engine_options o;
-    o.model_dir = dir;
-    engine e(o);
+    auto owned = synth_engine("synth");
+    engine& e = *owned;
     std::vector<int32_t> ids;
     for (int i = 0; i < 77; i++) ids.push_back((i * 13 + 5) % 96);
     auto st = e.new_sequence(77);
@@ -223,12 +230,8 @@ TEST(synthetic, prefill_decode_and_batching_agree) {
 // CUDA kernels would turn into a silent race: forward_pass::run stops on it.
 TEST(synthetic, a_state_in_two_spans_of_a_step_aborts) {
     GTEST_FLAG_SET(death_test_style, "threadsafe");  // (OpenMP threads: the child re-runs the test to here)
-    json cfg = test::synth_config();
-    std::string dir = test::temp_dir("synth-twice");
-    test::write_checkpoint(dir, cfg, test::synth_tensors(cfg, 5));
-    engine_options o;
-    o.model_dir = dir;
-    engine e(o);
+    auto owned = synth_engine("synth-twice");
+    engine& e = *owned;
     auto sa = e.new_sequence(64), sb = e.new_sequence(64);
     buffer idb = e.be().alloc(60, 1, dtype::i32);
     std::vector<int32_t> ids(60, 7);
