@@ -27,9 +27,9 @@ struct span_mark {
     int64_t at = 0;
 };
 
-// Aborts unless every span of a step has its own state, and each mark's checkpoint is a state of its own: the CUDA kernels
-// read a span's state before their PDL wait and update it in place (backend/cuda/common.cuh), so one state in two
-// spans of a step would be a silent race, not an error.
+// Aborts unless every span of a step has its own state, and each mark's checkpoint is a state of its own: the
+// CUDA kernels read a span's state before their PDL wait and update it in place (backend/cuda/common.cuh), so one
+// state in two spans of a step would be a silent race, not an error.
 void check_one_span_per_state(const std::vector<seq_span>& spans);
 
 class forward_pass {
