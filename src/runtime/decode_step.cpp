@@ -253,7 +253,6 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
         slots[(size_t)r] = w.slot;
         spans[(size_t)r] = seq_span{w.state, r, 1, w.state->n_past()};
     }
-    check_one_span_per_state(spans);  // (a graph replay skips forward_pass::run's checks)
     if (row_slot_rows_ != B || slots != row_slot_host_) {
         be_.upload(row_slot_.t().rows_view(0, B), slots.data());
         row_slot_host_ = slots;
@@ -273,6 +272,7 @@ uint64_t decode_step::launch(const std::vector<row>& rows, const std::vector<pro
     auto c = captured_.find(key);
     auto w = warm_.find(key);
     if (graph && c != captured_.end() && c->second == now) {
+        check_one_span_per_state(spans);  // (a replay skips forward_pass::run and its checks)
         be_.prepare_step(spans);
         be_.replay(key);
         for (const row& r : rows) r.state->set_n_past(r.state->n_past() + 1);

@@ -520,8 +520,8 @@ __global__ void __launch_bounds__(k_threads, wg_layout<NT>::CTAS)
 }
 
 // x16 of a TX call (dense, or routed down) as the tensor map its X tiles come through: [M][K] fp16 rows ldx16
-// apart, boxes of nt rows x 64 with the 128-byte swizzle. false where the driver offers no encoder or refuses the shape (the call then
-// copies X per thread).
+// apart, boxes of nt rows x 64 with the 128-byte swizzle. false where the driver offers no encoder or refuses the
+// shape (the call then copies X per thread).
 bool x_tensor_map(CUtensorMap& map, const gemm_params& p, int nt) {
     static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
         void* fn = nullptr;
